@@ -8,7 +8,15 @@ void register_algebra(CLI::App& app);
 void register_op(CLI::App& app);
 void register_bench(CLI::App& app);
 
-// `quiver op` subcommands, one per op family (each in its own file).
+// `quiver op` subcommands, one file per op family.
 void register_op_algproj(CLI::App& op);
+void register_op_attention(CLI::App& op);
+void register_op_relation(CLI::App& op);
+void register_op_linear_relation(CLI::App& op);
+
+// `quiver bench` subcommands, one file per benchmark family.
+void register_bench_algproj(CLI::App& bench);
+void register_bench_relation(CLI::App& bench);
+void register_bench_linear_relation(CLI::App& bench);
 
 }  // namespace quiver::cli

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "quiver/error.h"
 
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   quiver::cli::register_algebra(app);
   quiver::cli::register_op(app);
   quiver::cli::register_bench(app);
+  quiver::cli::set_command_line(quiver::cli::command_line(argc, argv));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

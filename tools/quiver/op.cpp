@@ -7,10 +7,14 @@ namespace quiver::cli {
 void register_op(CLI::App& app) {
   CLI::App* op = app.add_subcommand(
       "op",
-      "Run one op on tensors from a safetensors file (see `quiver op NAME --help` for tensor "
-      "names and shapes)");
+      "Run one op on tensors from a safetensors file and write its outputs to another.\n"
+      "Each op computes in its inputs' precision (F32 or F64). `quiver op NAME --help` lists\n"
+      "the tensor names and shapes it reads and writes.");
   op->require_subcommand(1);
   register_op_algproj(*op);
+  register_op_attention(*op);
+  register_op_relation(*op);
+  register_op_linear_relation(*op);
 }
 
 }  // namespace quiver::cli

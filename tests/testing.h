@@ -1,0 +1,67 @@
+// Shared test helpers: random tensors and finite-difference gradient checks.
+#pragma once
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "quiver/rng.h"
+#include "quiver/tensor.h"
+
+namespace quiver::testing {
+
+inline Tensor random_tensor(const Shape& shape, DType dtype, Rng& rng, double stddev = 1.0) {
+  Tensor t = Tensor::empty(shape, dtype);
+  rng.fill_normal(t, 0.0, stddev);
+  return t;
+}
+
+// Fills a tensor with NaN so that elements a kernel forgot to write show up.
+inline Tensor poisoned(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  t.fill(std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+
+// Central finite differences of a scalar function of `param` (an F64 CPU tensor that
+// `loss` reads), compared with `analytic` (same shape): returns ‖fd − analytic‖/‖fd‖.
+// Probes at most `max_probes` elements spread over the tensor (all when it is small).
+inline double finite_difference_error(const std::function<double()>& loss, Tensor& param,
+                                      const Tensor& analytic, double eps = 1e-6,
+                                      int64_t max_probes = 64) {
+  QV_CHECK(param.dtype() == DType::F64 && param.is_contiguous(),
+           "finite differences need a contiguous F64 parameter");
+  Tensor a = analytic.to(DType::F64);
+  double* p = param.data<double>();
+  const double* g = a.data<double>();
+  int64_t n = param.numel();
+  int64_t stride = n <= max_probes ? 1 : n / max_probes;
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; i += stride) {
+    double saved = p[i];
+    p[i] = saved + eps;
+    double up = loss();
+    p[i] = saved - eps;
+    double down = loss();
+    p[i] = saved;
+    double fd = (up - down) / (2 * eps);
+    diff += (fd - g[i]) * (fd - g[i]);
+    ref += fd * fd;
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+// Σ out ⊙ weight in double: the scalar loss whose gradient w.r.t. out is `weight`.
+inline double dot(const Tensor& out, const Tensor& weight) {
+  Tensor a = out.to(DType::F64), b = weight.to(DType::F64);
+  const double* x = a.data<double>();
+  const double* y = b.data<double>();
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) s += x[i] * y[i];
+  return s;
+}
+
+// Path of the built CLI, for tests that run it.
+inline std::string cli_path() { return QUIVER_CLI_PATH; }
+
+}  // namespace quiver::testing

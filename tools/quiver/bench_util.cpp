@@ -1,0 +1,136 @@
+#include "bench_util.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "quiver/error.h"
+
+namespace quiver::cli {
+
+Timing time_it(const std::function<void()>& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  t.reserve(reps);
+  for (int i = 0; i < reps; ++i) {
+    auto a = std::chrono::steady_clock::now();
+    fn();
+    auto b = std::chrono::steady_clock::now();
+    t.push_back(std::chrono::duration<double>(b - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  Timing out;
+  out.reps = reps;
+  out.min_s = t.front();
+  out.median_s = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  return out;
+}
+
+std::string cpu_description() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto pos = line.find(':');
+      if (pos != std::string::npos) model = line.substr(pos + 2);
+      break;
+    }
+  }
+  return fmt::format("{} ({} hardware threads)", model, std::thread::hardware_concurrency());
+}
+
+std::string utc_date() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+std::string command_line(int argc, char** argv) {
+  std::string s = "quiver";
+  for (int i = 1; i < argc; ++i) s += std::string(" ") + argv[i];
+  return s;
+}
+
+namespace {
+std::string& command_storage() {
+  static std::string s;
+  return s;
+}
+std::string cell(const nlohmann::ordered_json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    return std::abs(d) >= 1000 || d == 0 ? fmt::format("{:.1f}", d) : fmt::format("{:.4g}", d);
+  }
+  return v.dump();
+}
+}  // namespace
+
+void set_command_line(const std::string& cmd) { command_storage() = cmd; }
+const std::string& recorded_command_line() { return command_storage(); }
+
+std::string write_results(const std::string& dir, const std::string& name,
+                          const std::string& machine, const nlohmann::ordered_json& rows) {
+  std::filesystem::create_directories(dir);
+  std::string date = utc_date();
+  nlohmann::ordered_json doc;
+  doc["benchmark"] = name;
+  doc["date"] = date;
+  doc["machine"] = machine;
+  doc["command"] = recorded_command_line();
+  doc["rows"] = rows;
+  std::string base = fmt::format("{}/{}-{}", dir, name, date);
+  {
+    std::ofstream f(base + ".json");
+    QV_CHECK(f.good(), "cannot write {}.json", base);
+    f << doc.dump(2) << "\n";
+  }
+  std::ofstream md(base + ".md");
+  QV_CHECK(md.good(), "cannot write {}.md", base);
+  md << "# " << name << "\n\n- date: " << date << "\n- machine: " << machine
+     << "\n- command: `" << recorded_command_line() << "`\n\n";
+  if (!rows.empty()) {
+    std::string header = "|", rule = "|";
+    for (auto& [k, v] : rows[0].items()) {
+      header += " " + k + " |";
+      rule += "---|";
+    }
+    md << header << "\n" << rule << "\n";
+    for (auto& row : rows) {
+      md << "|";
+      for (auto& [k, v] : row.items()) md << " " << cell(v) << " |";
+      md << "\n";
+    }
+  }
+  return base + ".json";
+}
+
+void print_table(const nlohmann::ordered_json& rows) {
+  if (rows.empty()) return;
+  std::vector<std::string> keys;
+  for (auto& [k, v] : rows[0].items()) keys.push_back(k);
+  std::vector<size_t> width(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) width[i] = keys[i].size();
+  for (auto& row : rows)
+    for (size_t i = 0; i < keys.size(); ++i)
+      width[i] = std::max(width[i], cell(row[keys[i]]).size());
+  std::string line;
+  for (size_t i = 0; i < keys.size(); ++i) line += fmt::format("{:>{}}  ", keys[i], width[i]);
+  fmt::print("{}\n", line);
+  for (auto& row : rows) {
+    line.clear();
+    for (size_t i = 0; i < keys.size(); ++i) line += fmt::format("{:>{}}  ", cell(row[keys[i]]), width[i]);
+    fmt::print("{}\n", line);
+  }
+}
+
+}  // namespace quiver::cli

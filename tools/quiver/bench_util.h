@@ -1,0 +1,35 @@
+// Shared pieces of `quiver bench`: robust timing, the machine's description, and result
+// files (JSON rows with date, machine and command) under bench/results/.
+#pragma once
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace quiver::cli {
+
+struct Timing {
+  double median_s = 0;
+  double min_s = 0;
+  int reps = 0;
+};
+
+// Runs fn `warmup` times, then `reps` times, and returns the median and minimum.
+Timing time_it(const std::function<void()>& fn, int warmup, int reps);
+
+std::string cpu_description();  // "AMD EPYC ... (2 threads)"
+std::string utc_date();         // "2026-11-29"
+std::string command_line(int argc, char** argv);
+void set_command_line(const std::string& cmd);  // recorded by main()
+const std::string& recorded_command_line();
+
+// Writes {"benchmark", "date", "machine", "command", "rows"} to DIR/NAME-DATE.json and
+// a Markdown table of the rows (columns in the order of the first row) to DIR/NAME-DATE.md.
+// Returns the JSON path.
+std::string write_results(const std::string& dir, const std::string& name,
+                          const std::string& machine, const nlohmann::ordered_json& rows);
+
+// Prints rows as an aligned text table to stdout.
+void print_table(const nlohmann::ordered_json& rows);
+
+}  // namespace quiver::cli
