@@ -1,0 +1,64 @@
+// The algebraic projection on the CPU (SPEC §1.3): Y = Φ_W(X) for a law with group
+// widths, where row m of X has type row_types[m] (any arrangement of types in the
+// batch: the schedule decides them from absolute positions).
+//
+// The fast path never forms a masked dense W. At construction the law's support is cut
+// into rectangles of contiguous (input-group, output-group) ranges: terms shared by every
+// row type run once over all rows; the rest run per row type on that type's rows. Each
+// rectangle is one BLAS product. A type's rows are used in place when they form an
+// arithmetic progression (cyclic and interval schedules within one period), else they
+// are gathered. Decoding one row or a few rows of mixed types is the same call; it reads
+// only the weight blocks those types need.
+//
+// Contract: forward assigns y; backward assigns dx and dw (either may be null).
+// Shapes: x [M, K], w [K, N], y and dy [M, N]; F32 or F64, contiguous, one dtype.
+#pragma once
+#include <vector>
+
+#include "algebra/law.h"
+#include "quiver/tensor.h"
+
+namespace quiver::ops {
+
+class AlgProj {
+ public:
+  AlgProj(algebra::Law law, algebra::GroupWidths widths);
+
+  const algebra::Law& law() const { return law_; }
+  const algebra::GroupWidths& widths() const { return widths_; }
+  int64_t K() const { return widths_.K(); }
+  int64_t N() const { return widths_.N(); }
+
+  void forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y) const;
+  void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const std::vector<int>& row_types,
+                Tensor* dx, Tensor* dw) const;
+
+  // Weight elements a row of type α reads (the union of its blocks), for decode accounting.
+  int64_t weight_elements_read(int alpha) const;
+  // BLAS products per call: shared rectangles and those of each type.
+  size_t shared_products() const { return shared_.size(); }
+  size_t type_products(int alpha) const { return per_type_[alpha].size(); }
+
+  // A rectangle of the support: input groups [b0, b1) × output groups [d0, d1).
+  struct Rect {
+    int b0, b1, d0, d1;
+  };
+
+ private:
+  algebra::Law law_;
+  algebra::GroupWidths widths_;
+  std::vector<int64_t> k_off_, n_off_;
+  std::vector<Rect> shared_;                 // terms present for every row type
+  std::vector<std::vector<Rect>> per_type_;  // the remaining terms of each type
+};
+
+// The independent formula of SPEC §1.3: row m = x_m · (W ⊙ Mask_{τ(m)}), with
+// Mask_α[block β, δ] = [β ∈ B(α, δ)]. Plain loops with double accumulation; for tests.
+void algproj_reference_forward(const Tensor& x, const Tensor& w, const algebra::Law& law,
+                               const algebra::GroupWidths& widths, const std::vector<int>& row_types,
+                               Tensor& y);
+void algproj_reference_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                const algebra::Law& law, const algebra::GroupWidths& widths,
+                                const std::vector<int>& row_types, Tensor& dx, Tensor& dw);
+
+}  // namespace quiver::ops
