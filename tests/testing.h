@@ -1,4 +1,5 @@
 // Shared test helpers: random tensors and finite-difference gradient checks.
+// With `using namespace quiver;` write quiver::testing:: (gtest owns ::testing).
 #pragma once
 #include <cmath>
 #include <functional>
