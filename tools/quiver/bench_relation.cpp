@@ -1,4 +1,204 @@
+// `quiver bench relation`: the materialized Relation reference against FlashRelation on the
+// CPU, forward and forward+backward in F32 (B = 1, H = 8, Dh = 64: the 30M preset's heads),
+// with flash attention at the same shape for comparison. Each row records the working arrays
+// the call allocates (the reference O(T²) per concurrent head, flash O(T)), and every flash
+// result is checked against the reference.
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench_util.h"
 #include "commands.h"
+#include "ops/attention.h"
+#include "ops/relation.h"
+#include "quiver/parallel.h"
+#include "quiver/rng.h"
+
 namespace quiver::cli {
-void register_bench_relation(CLI::App& bench) { bench.add_subcommand("relation", "(not yet implemented)"); }
+namespace {
+
+struct RelationBenchArgs {
+  std::string device = "cpu";
+  std::string results_dir = "bench/results";
+  std::string seq = "1024,4096";
+  int64_t heads = 8, head_dim = 64, tile = 64;
+  // Heads the reference runs on at T >= 4096 (its time per head does not depend on the head
+  // count once every thread has a head; its memory is per concurrent head).
+  int64_t reference_heads_at_4096 = 8;
+};
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    QV_CHECK(!item.empty(), "--seq: empty entry in '{}'", s);
+    out.push_back(std::stoll(item));
+    QV_CHECK(out.back() >= 1, "--seq: lengths must be positive, got {}", out.back());
+  }
+  return out;
+}
+
+struct Problem {
+  Tensor p1, p2, v, dy;
+};
+
+Problem make_problem(int64_t T, int64_t H, int64_t Dh, Rng& rng) {
+  const Shape shape{1, T, H, Dh};
+  auto make = [&](double stddev) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    rng.fill_normal(t, 0.0, stddev);
+    return t;
+  };
+  return {make(1.0), make(1.0), make(1.0), make(1.0)};
+}
+
+// The first `h` heads of a [1, T, H, Dh] tensor, contiguous.
+Tensor first_heads(const Tensor& t, int64_t h) { return t.slice(2, 0, h).clone(); }
+
+void run_bench(const RelationBenchArgs& a) {
+  QV_CHECK(a.device == "cpu", "bench relation: only --device cpu is implemented, got '{}'",
+           a.device);
+  const int64_t H = a.heads, Dh = a.head_dim;
+  const double lambda = 0.5;
+  ops::RelationOptions opt;
+  opt.tile = a.tile;
+  Rng rng(20261129);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (int64_t T : parse_list(a.seq)) {
+    Problem p = make_problem(T, H, Dh, rng);
+    const int reps = T <= 1024 ? 5 : 3;
+    const int64_t H_ref = T >= 4096 ? std::min(H, a.reference_heads_at_4096) : H;
+    const std::string ref_note =
+        H_ref < H ? fmt::format("reference on {} of {} heads (time and memory for {} heads; "
+                                "speedup scaled per head)",
+                                H_ref, H, H_ref)
+                  : "";
+    Problem r{first_heads(p.p1, H_ref), first_heads(p.p2, H_ref), first_heads(p.v, H_ref),
+              first_heads(p.dy, H_ref)};
+
+    Tensor y_ref, dp1_ref, dp2_ref, dv_ref;
+    double dl_ref = 0;
+    auto ref_fwd = [&] { ops::relation_reference_forward(r.p1, r.p2, r.v, lambda, y_ref, opt); };
+    auto ref_fb = [&] {
+      ref_fwd();
+      dl_ref = ops::relation_reference_backward(r.p1, r.p2, r.v, lambda, r.dy, dp1_ref, dp2_ref,
+                                                dv_ref, opt);
+    };
+    Tensor y, stats, dp1, dp2, dv;
+    double dl = 0;
+    auto flash_fwd = [&] { ops::flash_relation_forward(p.p1, p.p2, p.v, lambda, y, stats, opt); };
+    auto flash_fb = [&] {
+      flash_fwd();
+      dl = ops::flash_relation_backward(p.p1, p.p2, p.v, lambda, y, stats, p.dy, dp1, dp2, dv, opt);
+    };
+    Tensor ya, lse, dqa, dka, dva;
+    auto attn_fwd = [&] { ops::attention_forward(p.p1, p.p2, p.v, ya, lse, a.tile); };
+    auto attn_fb = [&] {
+      attn_fwd();
+      ops::attention_backward(p.p1, p.p2, p.v, ya, lse, p.dy, dqa, dka, dva, a.tile);
+    };
+
+    const Timing t_ref_f = time_it(ref_fwd, 1, reps);
+    const Timing t_ref_fb = time_it(ref_fb, 1, reps);
+    const Timing t_fl_f = time_it(flash_fwd, 1, reps);
+    const Timing t_fl_fb = time_it(flash_fb, 1, reps);
+    const Timing t_at_f = time_it(attn_fwd, 1, reps);
+    const Timing t_at_fb = time_it(attn_fb, 1, reps);
+
+    // Flash against the reference on the heads the reference ran.
+    const double err_fwd = rel_error(first_heads(y, H_ref), y_ref);
+    const double err_fb =
+        std::max({err_fwd, rel_error(first_heads(dp1, H_ref), dp1_ref),
+                  rel_error(first_heads(dp2, H_ref), dp2_ref),
+                  rel_error(first_heads(dv, H_ref), dv_ref)});
+    const double ref_scale = double(H) / double(H_ref);  // reference time per H heads
+
+    const Shape full{1, T, H, Dh}, ref_shape{1, T, H_ref, Dh};
+    const int64_t ws_ref_f = ops::relation_reference_workspace_bytes(ref_shape, DType::F32, false);
+    const int64_t ws_ref_fb = std::max(
+        ws_ref_f, ops::relation_reference_workspace_bytes(ref_shape, DType::F32, true));
+    const int64_t ws_fl_f = ops::flash_relation_workspace_bytes(full, DType::F32, false, a.tile);
+    const int64_t ws_fl_fb =
+        std::max(ws_fl_f, ops::flash_relation_workspace_bytes(full, DType::F32, true, a.tile));
+    const int64_t ws_at_f = ops::attention_forward_workspace_bytes(full, DType::F32, a.tile);
+
+    auto row = [&](const char* impl, const char* pass, int64_t heads, const Timing& t,
+                   int64_t workspace, const nlohmann::ordered_json& err,
+                   const nlohmann::ordered_json& vs_ref, const nlohmann::ordered_json& vs_attn,
+                   const std::string& note) {
+      nlohmann::ordered_json j;
+      j["T"] = T;
+      j["H"] = heads;
+      j["Dh"] = Dh;
+      j["impl"] = impl;
+      j["pass"] = pass;
+      j["median_ms"] = t.median_s * 1e3;
+      j["min_ms"] = t.min_s * 1e3;
+      j["tok_s"] = double(T) / t.median_s;
+      j["workspace_MiB"] = double(workspace) / (1 << 20);
+      j["rel_err_vs_reference"] = err;
+      j["speedup_vs_reference"] = vs_ref;
+      j["throughput_vs_attention"] = vs_attn;
+      j["reps"] = t.reps;
+      j["note"] = note;
+      return j;
+    };
+    const nlohmann::ordered_json none = "-";
+    rows.push_back(row("relation-reference", "forward", H_ref, t_ref_f, ws_ref_f, none, none, none,
+                       ref_note));
+    rows.push_back(row("flash-relation", "forward", H, t_fl_f, ws_fl_f, err_fwd,
+                       t_ref_f.median_s * ref_scale / t_fl_f.median_s,
+                       t_at_f.median_s / t_fl_f.median_s, ""));
+    rows.push_back(row("flash-attention", "forward", H, t_at_f, ws_at_f, none, none, none,
+                       "causal MHA, same q/k/v shapes"));
+    rows.push_back(row("relation-reference", "forward+backward", H_ref, t_ref_fb, ws_ref_fb, none,
+                       none, none, ref_note));
+    rows.push_back(row("flash-relation", "forward+backward", H, t_fl_fb, ws_fl_fb, err_fb,
+                       t_ref_fb.median_s * ref_scale / t_fl_fb.median_s,
+                       t_at_fb.median_s / t_fl_fb.median_s,
+                       H_ref == H ? fmt::format("dlambda {:.6g} (reference {:.6g})", dl, dl_ref)
+                                  : std::string("dlambda not compared (reference on fewer heads)")));
+    rows.push_back(row("flash-attention", "forward+backward", H, t_at_fb, ws_at_f, none, none,
+                       none, "causal MHA, same q/k/v shapes; workspace of the forward"));
+  }
+  print_table(rows);
+  const std::string machine =
+      fmt::format("{}, {} quiver threads", cpu_description(), num_threads());
+  const std::string path = write_results(a.results_dir, "relation-cpu", machine, rows);
+  fmt::print("wrote {}\n", path);
+}
+
+}  // namespace
+
+void register_bench_relation(CLI::App& bench) {
+  auto a = std::make_shared<RelationBenchArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "relation",
+      "Relation: materialized reference vs FlashRelation, forward and forward+backward, F32,\n"
+      "B = 1, H = 8, Dh = 64, T = 1024 and 4096, with flash attention at the same shape; time,\n"
+      "tokens per second, bytes of working arrays, and the flash/reference agreement.\n"
+      "With --reference-heads below H, the reference runs on fewer heads at T >= 4096 and says so.");
+  cmd->add_option("--device", a->device, "cpu (the only backend so far)")->capture_default_str();
+  cmd->add_option("--results-dir", a->results_dir, "where the JSON and Markdown results go")
+      ->capture_default_str();
+  cmd->add_option("--seq", a->seq, "comma-separated sequence lengths T")->capture_default_str();
+  cmd->add_option("--heads", a->heads, "heads H")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim, "head width Dh")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--tile", a->tile, "FlashRelation and attention tile")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--reference-heads", a->reference_heads_at_4096,
+                  "heads the reference runs on at T >= 4096")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([a] { run_bench(*a); });
+}
+
 }  // namespace quiver::cli
