@@ -14,4 +14,21 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 void set_threads(int n);  // OpenBLAS's own thread count
 int threads();
 
+// Holds OpenBLAS at one thread for a scope: ops that call GEMMs from inside
+// quiver::parallel_for use it so the two thread pools do not oversubscribe the cores.
+class SingleThreadScope {
+ public:
+  SingleThreadScope() : saved_(threads()) {
+    if (saved_ != 1) set_threads(1);
+  }
+  ~SingleThreadScope() {
+    if (saved_ != 1) set_threads(saved_);
+  }
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace quiver::blas

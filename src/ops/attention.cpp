@@ -50,21 +50,6 @@ void prepare_output(Tensor& out, const Shape& shape, DType dtype, const char* na
 
 // The tile products run inside quiver's own parallel loops, so OpenBLAS must not spawn
 // threads of its own underneath them.
-class BlasSingleThread {
- public:
-  BlasSingleThread() : saved_(blas::threads()) {
-    if (saved_ != 1) blas::set_threads(1);
-  }
-  ~BlasSingleThread() {
-    if (saved_ != 1) blas::set_threads(saved_);
-  }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int saved_;
-};
-
 // Validated sizes of one attention call.
 struct AttnDims {
   int64_t B, T, Hq, Hkv, Dh;
@@ -372,7 +357,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   AttnDims d = check_qkv(q, k, v);
   prepare_output(y, q.shape(), q.dtype(), "y");
   prepare_output(lse, d.lse_shape, q.dtype(), "lse");
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   if (q.dtype() == DType::F32)
     flash_forward<float>(d, q.data<float>(), k.data<float>(), v.data<float>(), y.data<float>(),
                          lse.data<float>(), tile);
@@ -397,7 +382,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   prepare_output(dq, q.shape(), q.dtype(), "dq");
   prepare_output(dk, k.shape(), q.dtype(), "dk");
   prepare_output(dv, v.shape(), q.dtype(), "dv");
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   if (q.dtype() == DType::F32)
     flash_backward<float>(d, q.data<float>(), k.data<float>(), v.data<float>(), y.data<float>(),
                           lse.data<float>(), dy.data<float>(), dq.data<float>(), dk.data<float>(),

@@ -81,21 +81,6 @@ void prepare_output(Tensor& out, const Shape& shape, DType dtype, const char* na
 
 // The products run inside quiver's own parallel loops, so OpenBLAS must not spawn threads of
 // its own underneath them.
-class BlasSingleThread {
- public:
-  BlasSingleThread() : saved_(blas::threads()) {
-    if (saved_ != 1) blas::set_threads(1);
-  }
-  ~BlasSingleThread() {
-    if (saved_ != 1) blas::set_threads(saved_);
-  }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int saved_;
-};
-
 template <typename T>
 T sigmoid(T x) {
   if (x >= 0) return T(1) / (T(1) + std::exp(-x));
@@ -488,7 +473,7 @@ void relation_reference_forward(const Tensor& p1, const Tensor& p2, const Tensor
   RelDims d = check_inputs(p1, p2, v, options);
   check_lambda(lambda);
   prepare_output(y, p1.shape(), p1.dtype(), "y");
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   if (p1.dtype() == DType::F32)
     reference_forward<float>(d, p1.data<float>(), p2.data<float>(), v.data<float>(),
                              float(lambda), options, y.data<float>());
@@ -506,7 +491,7 @@ double relation_reference_backward(const Tensor& p1, const Tensor& p2, const Ten
   prepare_output(dp1, p1.shape(), p1.dtype(), "dp1");
   prepare_output(dp2, p1.shape(), p1.dtype(), "dp2");
   prepare_output(dv, p1.shape(), p1.dtype(), "dv");
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   if (p1.dtype() == DType::F32)
     return reference_backward<float>(d, p1.data<float>(), p2.data<float>(), v.data<float>(),
                                      float(lambda), dy.data<float>(), options, dp1.data<float>(),
@@ -521,7 +506,7 @@ Tensor relation_reference_flow(const Tensor& p1, const Tensor& p2, double lambda
   RelDims d = check_inputs(p1, p2, p2, options);
   check_lambda(lambda);
   Tensor flow = Tensor::empty(d.flow_shape(), p1.dtype());
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const int64_t Tn = d.T;
@@ -549,7 +534,7 @@ void flash_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v,
   check_lambda(lambda);
   prepare_output(y, p1.shape(), p1.dtype(), "y");
   prepare_output(stats, d.stats_shape(), p1.dtype(), "stats");
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   if (p1.dtype() == DType::F32)
     flash_forward<float>(d, p1.data<float>(), p2.data<float>(), v.data<float>(), float(lambda),
                          options, y.data<float>(), stats.data<float>());
@@ -572,7 +557,7 @@ double flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor&
   prepare_output(dp1, p1.shape(), p1.dtype(), "dp1");
   prepare_output(dp2, p1.shape(), p1.dtype(), "dp2");
   prepare_output(dv, p1.shape(), p1.dtype(), "dv");
-  BlasSingleThread single;
+  blas::SingleThreadScope single;
   if (p1.dtype() == DType::F32)
     return flash_backward<float>(d, p1.data<float>(), p2.data<float>(), v.data<float>(),
                                  float(lambda), y.data<float>(), stats.data<float>(),
