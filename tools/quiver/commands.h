@@ -7,6 +7,12 @@ namespace quiver::cli {
 void register_algebra(CLI::App& app);
 void register_op(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_prepare(CLI::App& app);
+void register_info(CLI::App& app);
+void register_train(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_compare(CLI::App& app);
 
 // `quiver op` subcommands, one file per op family.
 void register_op_algproj(CLI::App& op);

@@ -11,6 +11,12 @@ int main(int argc, char** argv) {
   CLI::App app{"quiver: associative-algebra projections and Relation token mixing"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "quiver 0.1.0");
+  quiver::cli::register_train(app);
+  quiver::cli::register_generate(app);
+  quiver::cli::register_prepare(app);
+  quiver::cli::register_tokenize(app);
+  quiver::cli::register_info(app);
+  quiver::cli::register_compare(app);
   quiver::cli::register_algebra(app);
   quiver::cli::register_op(app);
   quiver::cli::register_bench(app);
