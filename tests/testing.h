@@ -1,10 +1,18 @@
 // Shared test helpers: random tensors and finite-difference gradient checks.
 // With `using namespace quiver;` write quiver::testing:: (gtest owns ::testing).
 #pragma once
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <sstream>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
@@ -64,5 +72,49 @@ inline double dot(const Tensor& out, const Tensor& weight) {
 
 // Path of the built CLI, for tests that run it.
 inline std::string cli_path() { return QUIVER_CLI_PATH; }
+
+// A scratch directory unique to this process and name, removed on destruction.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& name)
+      : path_(std::filesystem::temp_directory_path() / fmt::format("quiver_{}_{}", name, ::getpid())) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CliResult {
+  int status = 0;  // the shell's status; 0 on success
+  std::string out, err;
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `quiver ARGS` with stdout and stderr captured into files of `dir`.
+inline CliResult run_cli(const std::string& args, const ScratchDir& dir) {
+  std::string out = dir.file("cli_stdout.txt"), err = dir.file("cli_stderr.txt");
+  std::string cmd = fmt::format("\"{}\" {} > \"{}\" 2> \"{}\" < /dev/null", cli_path(), args, out, err);
+  CliResult r;
+  r.status = std::system(cmd.c_str());
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
 
 }  // namespace quiver::testing
