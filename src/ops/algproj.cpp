@@ -5,6 +5,7 @@
 
 #include "core/blas.h"
 #include "quiver/error.h"
+#include "quiver/parallel.h"
 
 namespace quiver::ops {
 
@@ -114,6 +115,9 @@ void run_shared(const std::vector<AlgProj::Rect>& rects, bool out_is_delta, int 
     if (!written[g]) zero_columns(out, M, ld_out, out_off[g], out_off[g + 1]);
 }
 
+// Rows per parallel task for the shared rectangles: one block per thread, at least 16 rows.
+int64_t row_block(int64_t M) { return std::max<int64_t>(16, (M + num_threads() - 1) / num_threads()); }
+
 template <typename T>
 void gather_rows(const T* src, int64_t cols, const std::vector<int64_t>& rows, T* dst) {
   for (size_t i = 0; i < rows.size(); ++i) std::memcpy(dst + i * cols, src + rows[i] * cols, cols * sizeof(T));
@@ -129,13 +133,19 @@ void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
   const T* X = x.data<T>();
   const T* W = w.data<T>();
   T* Y = y.data<T>();
-  run_shared<T>(shared, true, q, M, Y, N, no, [&](const AlgProj::Rect& r, T beta) {
-    blas::gemm(false, false, M, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), X + ko[r.b0], K,
-               W + ko[r.b0] * N + no[r.d0], N, beta, Y + no[r.d0], N);
+  // Shared rectangles over blocks of rows, and then row types, in parallel: each task
+  // writes only its own rows, and runs its GEMMs on one BLAS thread.
+  blas::SingleThreadScope single;
+  parallel_for(M, row_block(M), [&](int64_t m0, int64_t m1) {
+    run_shared<T>(shared, true, q, m1 - m0, Y + m0 * N, N, no, [&](const AlgProj::Rect& r, T beta) {
+      blas::gemm(false, false, m1 - m0, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), X + m0 * K + ko[r.b0], K,
+                 W + ko[r.b0] * N + no[r.d0], N, beta, Y + m0 * N + no[r.d0], N);
+    });
   });
   std::vector<RowSet> sets = group_rows(row_types, q);
+  parallel_for(q, 1, [&](int64_t a0, int64_t a1) {
   std::vector<T> xs, ys;
-  for (int a = 0; a < q; ++a) {
+  for (int a = static_cast<int>(a0); a < a1; ++a) {
     const RowSet& s = sets[a];
     const int64_t m = static_cast<int64_t>(s.rows.size());
     if (m == 0 || per_type[a].empty()) continue;
@@ -166,6 +176,7 @@ void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
         for (int64_t n = 0; n < N; ++n) dst[n] += src[n];
       }
   }
+  });
 }
 
 template <typename T>
@@ -181,11 +192,15 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
   T* DX = dx ? dx->data<T>() : nullptr;
   T* DW = dw ? dw->data<T>() : nullptr;
   // dX[:, β] = Σ dY[:, δ] W_βδᵀ ; dW_βδ = Σ X[:, β]ᵀ dY[:, δ].
-  if (DX)
-    run_shared<T>(shared, false, q, M, DX, K, ko, [&](const AlgProj::Rect& r, T beta) {
-      blas::gemm(false, true, M, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DY + no[r.d0], N,
-                 W + ko[r.b0] * N + no[r.d0], N, beta, DX + ko[r.b0], K);
+  if (DX) {
+    blas::SingleThreadScope single;
+    parallel_for(M, row_block(M), [&](int64_t m0, int64_t m1) {
+      run_shared<T>(shared, false, q, m1 - m0, DX + m0 * K, K, ko, [&](const AlgProj::Rect& r, T beta) {
+        blas::gemm(false, true, m1 - m0, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DY + m0 * N + no[r.d0], N,
+                   W + ko[r.b0] * N + no[r.d0], N, beta, DX + m0 * K + ko[r.b0], K);
+      });
     });
+  }
   if (DW) {
     std::fill(DW, DW + K * N, T(0));
     for (const auto& r : shared)
@@ -193,49 +208,64 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
                  DY + no[r.d0], N, T(1), DW + ko[r.b0] * N + no[r.d0], N);
   }
   std::vector<RowSet> sets = group_rows(row_types, q);
-  std::vector<T> xs, dys, dxs;
-  for (int a = 0; a < q; ++a) {
-    const RowSet& s = sets[a];
-    const int64_t m = static_cast<int64_t>(s.rows.size());
-    if (m == 0 || per_type[a].empty()) continue;
-    const T *Xa, *DYa;
-    T* DXa = nullptr;
-    int64_t ldx, ldy;
-    if (s.progression) {
-      Xa = X + s.rows[0] * K;
-      DYa = DY + s.rows[0] * N;
-      if (DX) DXa = DX + s.rows[0] * K;
-      ldx = s.stride * K;
-      ldy = s.stride * N;
-    } else {
-      xs.resize(static_cast<size_t>(m * K));
-      dys.resize(static_cast<size_t>(m * N));
-      gather_rows(X, K, s.rows, xs.data());
-      gather_rows(DY, N, s.rows, dys.data());
-      if (DX) {
-        dxs.assign(static_cast<size_t>(m * K), T(0));
-        DXa = dxs.data();
+  // dX of each type's own terms: types in parallel, each writing only its rows.
+  if (DX) {
+    blas::SingleThreadScope single;
+    parallel_for(q, 1, [&](int64_t a0, int64_t a1) {
+      std::vector<T> dys, dxs;
+      for (int a = static_cast<int>(a0); a < a1; ++a) {
+        const RowSet& s = sets[a];
+        const int64_t m = static_cast<int64_t>(s.rows.size());
+        if (m == 0 || per_type[a].empty()) continue;
+        const T* DYa = DY + s.rows[0] * N;
+        T* DXa = DX + s.rows[0] * K;
+        int64_t ldy = s.stride * N, ldx = s.stride * K;
+        if (!s.progression) {
+          dys.resize(static_cast<size_t>(m * N));
+          gather_rows(DY, N, s.rows, dys.data());
+          dxs.assign(static_cast<size_t>(m * K), T(0));
+          DYa = dys.data();
+          DXa = dxs.data();
+          ldy = N;
+          ldx = K;
+        }
+        for (const auto& r : per_type[a])
+          blas::gemm(false, true, m, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DYa + no[r.d0], ldy,
+                     W + ko[r.b0] * N + no[r.d0], N, T(1), DXa + ko[r.b0], ldx);
+        if (!s.progression)
+          for (int64_t i = 0; i < m; ++i) {
+            T* dst = DX + s.rows[i] * K;
+            const T* src = dxs.data() + i * K;
+            for (int64_t k = 0; k < K; ++k) dst[k] += src[k];
+          }
       }
-      Xa = xs.data();
-      DYa = dys.data();
-      ldx = K;
-      ldy = N;
-    }
-    for (const auto& r : per_type[a]) {
-      const int64_t kw = ko[r.b1] - ko[r.b0], nw = no[r.d1] - no[r.d0];
-      if (DX)
-        blas::gemm(false, true, m, kw, nw, T(1), DYa + no[r.d0], ldy, W + ko[r.b0] * N + no[r.d0], N, T(1),
-                   DXa + ko[r.b0], ldx);
-      if (DW)
-        blas::gemm(true, false, kw, nw, m, T(1), Xa + ko[r.b0], ldx, DYa + no[r.d0], ldy, T(1),
-                   DW + ko[r.b0] * N + no[r.d0], N);
-    }
-    if (DX && !s.progression)
-      for (int64_t i = 0; i < m; ++i) {
-        T* dst = DX + s.rows[i] * K;
-        const T* src = dxs.data() + i * K;
-        for (int64_t k = 0; k < K; ++k) dst[k] += src[k];
+    });
+  }
+  // dW of each type's own terms: types one after another (their blocks may overlap under a
+  // general law), each product on OpenBLAS's threads.
+  if (DW) {
+    std::vector<T> xs, dys;
+    for (int a = 0; a < q; ++a) {
+      const RowSet& s = sets[a];
+      const int64_t m = static_cast<int64_t>(s.rows.size());
+      if (m == 0 || per_type[a].empty()) continue;
+      const T* Xa = X + s.rows[0] * K;
+      const T* DYa = DY + s.rows[0] * N;
+      int64_t ldx = s.stride * K, ldy = s.stride * N;
+      if (!s.progression) {
+        xs.resize(static_cast<size_t>(m * K));
+        dys.resize(static_cast<size_t>(m * N));
+        gather_rows(X, K, s.rows, xs.data());
+        gather_rows(DY, N, s.rows, dys.data());
+        Xa = xs.data();
+        DYa = dys.data();
+        ldx = K;
+        ldy = N;
       }
+      for (const auto& r : per_type[a])
+        blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], m, T(1), Xa + ko[r.b0], ldx,
+                   DYa + no[r.d0], ldy, T(1), DW + ko[r.b0] * N + no[r.d0], N);
+    }
   }
 }
 
