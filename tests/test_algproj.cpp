@@ -33,17 +33,21 @@ void expect_matches_reference(const Law& law, const GroupWidths& w, const std::v
   Tensor x = qt::random_tensor({M, K}, DType::F64, rng);
   Tensor wt = qt::random_tensor({K, N}, DType::F64, rng);
   Tensor dy = qt::random_tensor({M, N}, DType::F64, rng);
-  AlgProj proj(law, w);
-  Tensor y = qt::poisoned({M, N}, DType::F64), y_ref = Tensor::empty({M, N}, DType::F64);
-  proj.forward(x, wt, types, y);
-  ops::algproj_reference_forward(x, wt, law, w, types, y_ref);
-  EXPECT_LT(rel_error(y, y_ref), 1e-13) << what << " forward";
-  Tensor dx = qt::poisoned({M, K}, DType::F64), dw = qt::poisoned({K, N}, DType::F64);
+  Tensor y_ref = Tensor::empty({M, N}, DType::F64);
   Tensor dx_ref = Tensor::empty({M, K}, DType::F64), dw_ref = Tensor::empty({K, N}, DType::F64);
-  proj.backward(x, wt, dy, types, &dx, &dw);
+  ops::algproj_reference_forward(x, wt, law, w, types, y_ref);
   ops::algproj_reference_backward(x, wt, dy, law, w, types, dx_ref, dw_ref);
-  EXPECT_LT(rel_error(dx, dx_ref), 1e-13) << what << " dx";
-  EXPECT_LT(rel_error(dw, dw_ref), 1e-13) << what << " dw";
+  for (ops::RowAccess access : {ops::RowAccess::InPlace, ops::RowAccess::Gather}) {
+    AlgProj proj(law, w, access);
+    std::string how = what + (access == ops::RowAccess::Gather ? " (gathered rows)" : " (rows in place)");
+    Tensor y = qt::poisoned({M, N}, DType::F64);
+    proj.forward(x, wt, types, y);
+    EXPECT_LT(rel_error(y, y_ref), 1e-13) << how << " forward";
+    Tensor dx = qt::poisoned({M, K}, DType::F64), dw = qt::poisoned({K, N}, DType::F64);
+    proj.backward(x, wt, dy, types, &dx, &dw);
+    EXPECT_LT(rel_error(dx, dx_ref), 1e-13) << how << " dx";
+    EXPECT_LT(rel_error(dw, dw_ref), 1e-13) << how << " dw";
+  }
 }
 
 }  // namespace

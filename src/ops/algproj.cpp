@@ -53,7 +53,7 @@ struct RowSet {
   bool progression = true;
 };
 
-std::vector<RowSet> group_rows(const std::vector<int>& row_types, int q) {
+std::vector<RowSet> group_rows(const std::vector<int>& row_types, int q, RowAccess access) {
   std::vector<RowSet> sets(q);
   for (size_t m = 0; m < row_types.size(); ++m) {
     int t = row_types[m];
@@ -64,6 +64,7 @@ std::vector<RowSet> group_rows(const std::vector<int>& row_types, int q) {
     if (s.rows.size() >= 2) s.stride = s.rows[1] - s.rows[0];
     for (size_t i = 2; i < s.rows.size() && s.progression; ++i)
       s.progression = s.rows[i] - s.rows[i - 1] == s.stride;
+    if (access == RowAccess::Gather && s.stride != 1) s.progression = false;
   }
   return sets;
 }
@@ -142,7 +143,7 @@ void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
                  W + ko[r.b0] * N + no[r.d0], N, beta, Y + m0 * N + no[r.d0], N);
     });
   });
-  std::vector<RowSet> sets = group_rows(row_types, q);
+  std::vector<RowSet> sets = group_rows(row_types, q, p.access());
   parallel_for(q, 1, [&](int64_t a0, int64_t a1) {
   std::vector<T> xs, ys;
   for (int a = static_cast<int>(a0); a < a1; ++a) {
@@ -207,7 +208,7 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
       blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], M, T(1), X + ko[r.b0], K,
                  DY + no[r.d0], N, T(1), DW + ko[r.b0] * N + no[r.d0], N);
   }
-  std::vector<RowSet> sets = group_rows(row_types, q);
+  std::vector<RowSet> sets = group_rows(row_types, q, p.access());
   // dX of each type's own terms: types in parallel, each writing only its rows.
   if (DX) {
     blas::SingleThreadScope single;
@@ -271,7 +272,8 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
 
 }  // namespace
 
-AlgProj::AlgProj(Law law, GroupWidths widths) : law_(std::move(law)), widths_(std::move(widths)) {
+AlgProj::AlgProj(Law law, GroupWidths widths, RowAccess access)
+    : law_(std::move(law)), widths_(std::move(widths)), access_(access) {
   const int q = law_.q();
   widths_.validate(q);
   k_off_ = widths_.in_offsets();

@@ -20,12 +20,18 @@
 
 namespace quiver::ops {
 
+// How a row type's rows reach BLAS: in place when they form an arithmetic progression
+// (strided operands), or always gathered into contiguous scratch. Large power-of-two row
+// strides can make strided GEMM operands collide in the caches; the benchmark times both.
+enum class RowAccess { InPlace, Gather };
+
 class AlgProj {
  public:
-  AlgProj(algebra::Law law, algebra::GroupWidths widths);
+  AlgProj(algebra::Law law, algebra::GroupWidths widths, RowAccess access = RowAccess::InPlace);
 
   const algebra::Law& law() const { return law_; }
   const algebra::GroupWidths& widths() const { return widths_; }
+  RowAccess access() const { return access_; }
   int64_t K() const { return widths_.K(); }
   int64_t N() const { return widths_.N(); }
 
@@ -47,6 +53,7 @@ class AlgProj {
  private:
   algebra::Law law_;
   algebra::GroupWidths widths_;
+  RowAccess access_;
   std::vector<int64_t> k_off_, n_off_;
   std::vector<Rect> shared_;                 // terms present for every row type
   std::vector<std::vector<Rect>> per_type_;  // the remaining terms of each type
