@@ -24,31 +24,17 @@ namespace {
 
 class LinearRelationCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("quiver_op_linear_relation_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  std::string file(const std::string& name) const { return dir_.file(name); }
 
   // Runs `quiver op linear_relation ARGS`; returns the exit status, stderr into err.
   int run(const std::string& args, std::string& err) const {
-    std::string cmd =
-        fmt::format("\"{}\" op linear_relation {} > \"{}\" 2> \"{}\"", quiver::testing::cli_path(),
-                    args, file("stdout.txt"), file("stderr.txt"));
-    int status = std::system(cmd.c_str());
-    std::ifstream f(file("stderr.txt"));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    err = ss.str();
-    return status;
+    quiver::testing::CliResult r = quiver::testing::run_cli("op linear_relation " + args, dir_);
+    err = r.err;
+    return r.status;
   }
+
+  quiver::testing::ScratchDir dir_{std::string("op_linear_relation_") +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name()};
 
   std::map<std::string, Tensor> inputs(const Shape& shape, DType dtype, bool with_dy) const {
     Rng rng(41);
@@ -62,7 +48,6 @@ class LinearRelationCli : public ::testing::Test {
     return t;
   }
 
-  fs::path dir_;
 };
 
 }  // namespace

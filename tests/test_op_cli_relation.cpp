@@ -29,33 +29,17 @@ namespace {
 // A scratch directory per test and a runner for `quiver op NAME ARGS`.
 class OpCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("quiver_op_{}_{}_{}", info->test_suite_name(),
-                                                   ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  std::string file(const std::string& name) const { return dir_.file(name); }
 
   // Runs `quiver op OP ARGS`; returns the exit status, stderr into err.
   int run(const std::string& op, const std::string& args, std::string& err) const {
-    std::string cmd =
-        fmt::format("\"{}\" op {} {} > \"{}\" 2> \"{}\"", quiver::testing::cli_path(), op, args,
-                    file("stdout.txt"), file("stderr.txt"));
-    int status = std::system(cmd.c_str());
-    std::ifstream f(file("stderr.txt"));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    err = ss.str();
-    return status;
+    quiver::testing::CliResult r = quiver::testing::run_cli(fmt::format("op {} {}", op, args), dir_);
+    err = r.err;
+    return r.status;
   }
 
-  fs::path dir_;
+  quiver::testing::ScratchDir dir_{
+      std::string("op_") + ::testing::UnitTest::GetInstance()->current_test_info()->name()};
 };
 
 class RelationCli : public OpCli {};
