@@ -199,8 +199,8 @@ TEST(Schedule, IntervalCyclicAndTable) {
 
 TEST(Star, CompositionIdentityAndUnit) {
   Rng rng(11);
-  for (const char* spec : {"Q4", "graph:4:0>1,1>2,2>3,3>0", "Q2xQ2", "blockdiag:3", "dense:2",
-                           "graph:3:0>2xQ2"}) {
+  for (const char* spec :
+       {"Q4", "graph:4:0>1,1>2,2>3,3>0", "Q2xQ2", "blockdiag:3", "dense:2", "graph:3:0>2xQ2"}) {
     Law law = Law::parse(spec);
     int q = law.q();
     int64_t b = 3, n = q * b;
@@ -217,7 +217,8 @@ TEST(Star, CompositionIdentityAndUnit) {
           for (int be : law.support(a, d))
             for (int64_t i = 0; i < b; ++i)
               for (int64_t j = 0; j < b; ++j)
-                out.data<double>()[d * b + j] += in.data<double>()[be * b + i] * W.data<double>()[(be * b + i) * n + d * b + j];
+                out.data<double>()[d * b + j] +=
+                    in.data<double>()[be * b + i] * W.data<double>()[(be * b + i) * n + d * b + j];
         return out;
       };
       EXPECT_LT(rel_error(apply(apply(x, w1), w2), apply(x, w12)), 1e-13) << spec << " type " << a;

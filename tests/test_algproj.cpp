@@ -39,7 +39,8 @@ void expect_matches_reference(const Law& law, const GroupWidths& w, const std::v
   ops::algproj_reference_backward(x, wt, dy, law, w, types, dx_ref, dw_ref);
   for (ops::RowAccess access : {ops::RowAccess::InPlace, ops::RowAccess::Gather}) {
     AlgProj proj(law, w, access);
-    std::string how = what + (access == ops::RowAccess::Gather ? " (gathered rows)" : " (rows in place)");
+    std::string how =
+        what + (access == ops::RowAccess::Gather ? " (gathered rows)" : " (rows in place)");
     Tensor y = qt::poisoned({M, N}, DType::F64);
     proj.forward(x, wt, types, y);
     EXPECT_LT(rel_error(y, y_ref), 1e-13) << how << " forward";
@@ -54,9 +55,18 @@ void expect_matches_reference(const Law& law, const GroupWidths& w, const std::v
 
 TEST(AlgProj, MatchesMaskedDenseForEveryLawKindAndSchedule) {
   Rng rng(5);
-  const char* laws[] = {"dense",       "dense:3",         "Q2",          "Q4",         "Q5",
-                        "blockdiag:4", "graph:4:0>1,1>2,2>3", "graph:5:0>4,3>1,2>0", "Q2xQ2",
-                        "Q2xQ2xQ2",    "graph:3:0>2xQ2",  "Q3xblockdiag:2"};
+  const char* laws[] = {"dense",
+                        "dense:3",
+                        "Q2",
+                        "Q4",
+                        "Q5",
+                        "blockdiag:4",
+                        "graph:4:0>1,1>2,2>3",
+                        "graph:5:0>4,3>1,2>0",
+                        "Q2xQ2",
+                        "Q2xQ2xQ2",
+                        "graph:3:0>2xQ2",
+                        "Q3xblockdiag:2"};
   for (const char* spec : laws) {
     Law law = Law::parse(spec);
     int q = law.q();
@@ -67,14 +77,16 @@ TEST(AlgProj, MatchesMaskedDenseForEveryLawKindAndSchedule) {
                                std::string(spec) + " cyclic");
       expect_matches_reference(law, w, Schedule::interval(2 * q).types(3, M, q), rng,
                                std::string(spec) + " interval");
-      expect_matches_reference(law, w, random_types(M, q, rng), rng, std::string(spec) + " random rows");
+      expect_matches_reference(law, w, random_types(M, q, rng), rng,
+                               std::string(spec) + " random rows");
     }
   }
 }
 
 TEST(AlgProj, DenseLawIsPlainMatmul) {
   Rng rng(6);
-  Tensor x = qt::random_tensor({9, 12}, DType::F64, rng), w = qt::random_tensor({12, 10}, DType::F64, rng);
+  Tensor x = qt::random_tensor({9, 12}, DType::F64, rng),
+         w = qt::random_tensor({12, 10}, DType::F64, rng);
   AlgProj proj(Law::parse("dense:2"), GroupWidths{{5, 7}, {4, 6}});
   Tensor y = Tensor::empty({9, 10}, DType::F64);
   proj.forward(x, w, random_types(9, 2, rng), y);
@@ -93,7 +105,8 @@ TEST(AlgProj, DecodeOfFewRowsMatchesFullForward) {
   AlgProj proj(law, w);
   Schedule sched = Schedule::interval(8);
   const int64_t T = 20;
-  Tensor x = qt::random_tensor({T, w.K()}, DType::F64, rng), wt = qt::random_tensor({w.K(), w.N()}, DType::F64, rng);
+  Tensor x = qt::random_tensor({T, w.K()}, DType::F64, rng),
+         wt = qt::random_tensor({w.K(), w.N()}, DType::F64, rng);
   Tensor y = Tensor::empty({T, w.N()}, DType::F64);
   proj.forward(x, wt, sched.types(0, T, 4), y);
   for (int64_t p = 0; p < T; ++p) {  // one row at a time, as in decoding
@@ -131,7 +144,8 @@ TEST(AlgProj, GradientsMatchFiniteDifferences) {
   GroupWidths w{{2, 3, 1}, {3, 1, 2}};
   AlgProj proj(law, w);
   std::vector<int> types = {0, 2, 1, 1, 0};
-  Tensor x = qt::random_tensor({5, 6}, DType::F64, rng), wt = qt::random_tensor({6, 6}, DType::F64, rng);
+  Tensor x = qt::random_tensor({5, 6}, DType::F64, rng),
+         wt = qt::random_tensor({6, 6}, DType::F64, rng);
   Tensor dy = qt::random_tensor({5, 6}, DType::F64, rng);
   auto loss = [&] {
     Tensor y = Tensor::empty({5, 6}, DType::F64);
@@ -150,7 +164,8 @@ TEST(AlgProj, Float32AgreesWithFloat64) {
   GroupWidths w = GroupWidths::equal(4, 64, 48);
   AlgProj proj(law, w);
   std::vector<int> types = Schedule::cyclic().types(0, 37, 4);
-  Tensor x = qt::random_tensor({37, 64}, DType::F64, rng), wt = qt::random_tensor({64, 48}, DType::F64, rng);
+  Tensor x = qt::random_tensor({37, 64}, DType::F64, rng),
+         wt = qt::random_tensor({64, 48}, DType::F64, rng);
   Tensor y64 = Tensor::empty({37, 48}, DType::F64), y32 = Tensor::empty({37, 48}, DType::F32);
   proj.forward(x, wt, types, y64);
   proj.forward(x.to(DType::F32), wt.to(DType::F32), types, y32);
@@ -171,12 +186,19 @@ TEST(AlgProj, BadInputNamesTheProblem) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { proj.forward(Tensor::zeros({3, 5}, DType::F32), w, {0, 1, 0}, y); }).find("x:"),
+  EXPECT_NE(message([&] {
+              proj.forward(Tensor::zeros({3, 5}, DType::F32), w, {0, 1, 0}, y);
+            }).find("x:"),
             std::string::npos);
-  EXPECT_NE(message([&] { proj.forward(x, Tensor::zeros({4, 7}, DType::F32), {0, 1, 0}, y); }).find("w:"),
+  EXPECT_NE(message([&] {
+              proj.forward(x, Tensor::zeros({4, 7}, DType::F32), {0, 1, 0}, y);
+            }).find("w:"),
             std::string::npos);
   EXPECT_NE(message([&] { proj.forward(x, w, {0, 1}, y); }).find("row_types"), std::string::npos);
   EXPECT_NE(message([&] { proj.forward(x, w, {0, 2, 0}, y); }).find("type 2"), std::string::npos);
-  EXPECT_NE(message([&] { proj.forward(x, w.to(DType::F64), {0, 1, 0}, y); }).find("F64"), std::string::npos);
+  EXPECT_NE(message([&] {
+              proj.forward(x, w.to(DType::F64), {0, 1, 0}, y);
+            }).find("F64"),
+            std::string::npos);
   EXPECT_THROW(AlgProj(law, GroupWidths{{4}, {6}}), Error);
 }

@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "algebra/law.h"
@@ -15,7 +14,8 @@ namespace qt = quiver::testing;
 
 TEST(AlgebraCli, JsonFactsMatchTheLibrary) {
   qt::ScratchDir dir("algebra_cli_json");
-  for (const char* spec : {"Q4", "Q2xQ2", "graph:4:0>1,1>2,2>3", "blockdiag:4", "dense", "Q2xQ2xQ2"}) {
+  for (const char* spec :
+       {"Q4", "Q2xQ2", "graph:4:0>1,1>2,2>3", "blockdiag:4", "dense", "Q2xQ2xQ2"}) {
     qt::CliResult r = qt::run_cli(fmt::format("algebra '{}' --json", spec), dir);
     ASSERT_EQ(r.status, 0) << spec << ": " << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out);
@@ -35,7 +35,8 @@ TEST(AlgebraCli, JsonFactsMatchTheLibrary) {
   qt::CliResult r = qt::run_cli("algebra Q2 --in-groups 1,3 --out-groups 2,2 --json", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out).at("rho").get<double>(),
-                   algebra::arithmetic_fraction(algebra::Law::parse("Q2"), algebra::GroupWidths{{1, 3}, {2, 2}}));
+                   algebra::arithmetic_fraction(algebra::Law::parse("Q2"),
+                                                algebra::GroupWidths{{1, 3}, {2, 2}}));
   r = qt::run_cli("algebra Q4", dir);
   ASSERT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("associative"), std::string::npos);
@@ -59,7 +60,8 @@ namespace {
 struct AlgProjFiles {
   Tensor x, w, dy;
 };
-AlgProjFiles write_inputs(const std::string& path, int64_t M, int64_t K, int64_t N, DType dtype, bool with_dy) {
+AlgProjFiles write_inputs(const std::string& path, int64_t M, int64_t K, int64_t N, DType dtype,
+                          bool with_dy) {
   Rng rng(21);
   AlgProjFiles f{qt::random_tensor({M, K}, dtype, rng), qt::random_tensor({K, N}, dtype, rng),
                  qt::random_tensor({M, N}, dtype, rng)};
@@ -74,10 +76,11 @@ TEST(AlgProjCli, OutputsMatchTheMaskedDenseReference) {
   qt::ScratchDir dir("algproj_cli");
   for (DType dtype : {DType::F64, DType::F32}) {
     AlgProjFiles in = write_inputs(dir.file("in.safetensors"), 13, 9, 8, dtype, true);
-    qt::CliResult r = qt::run_cli(fmt::format("op algproj --law Q2xQ2 --schedule interval:8 --in-groups 1,3,2,3 "
-                                              "--out-groups 2,2,1,3 --in {} --out {}",
-                                              dir.file("in.safetensors"), dir.file("out.safetensors")),
-                                  dir);
+    qt::CliResult r =
+        qt::run_cli(fmt::format("op algproj --law Q2xQ2 --schedule interval:8 --in-groups 1,3,2,3 "
+                                "--out-groups 2,2,1,3 --in {} --out {}",
+                                dir.file("in.safetensors"), dir.file("out.safetensors")),
+                    dir);
     ASSERT_EQ(r.status, 0) << r.err;
     TensorFile out = read_safetensors(dir.file("out.safetensors"));
     EXPECT_EQ(out.get("y").dtype(), dtype);
@@ -95,8 +98,8 @@ TEST(AlgProjCli, OutputsMatchTheMaskedDenseReference) {
   }
   // Without dy only y is written.
   write_inputs(dir.file("in2.safetensors"), 6, 8, 8, DType::F64, false);
-  ASSERT_EQ(qt::run_cli(fmt::format("op algproj --law Q4 --in {} --out {}", dir.file("in2.safetensors"),
-                                    dir.file("out2.safetensors")),
+  ASSERT_EQ(qt::run_cli(fmt::format("op algproj --law Q4 --in {} --out {}",
+                                    dir.file("in2.safetensors"), dir.file("out2.safetensors")),
                         dir)
                 .status,
             0);
@@ -118,19 +121,24 @@ TEST(AlgProjCli, BadInputExitsNonZeroNamingTheProblem) {
   expect_error(fmt::format("--law Q2 --in {} --out {}", in, out), "'w'");
   write_safetensors(in, {{"x", qt::random_tensor({4, 8}, DType::F32, rng)},
                          {"w", qt::random_tensor({6, 4}, DType::F32, rng)}});
-  expect_error(fmt::format("--law Q2 --in {} --out {}", in, out), "x has 8 features but w has 6 rows");
+  expect_error(fmt::format("--law Q2 --in {} --out {}", in, out),
+               "x has 8 features but w has 6 rows");
   write_safetensors(in, {{"x", qt::random_tensor({4, 8}, DType::F32, rng)},
                          {"w", qt::random_tensor({8, 4}, DType::F32, rng)},
                          {"dy", qt::random_tensor({4, 5}, DType::F32, rng)}});
   expect_error(fmt::format("--law Q2 --in {} --out {}", in, out), "dy: expected shape [4, 4]");
-  expect_error(fmt::format("--law Q2 --in-groups 3,4 --out-groups 2,2 --in {} --out {}", in, out), "sum to 7");
+  expect_error(fmt::format("--law Q2 --in-groups 3,4 --out-groups 2,2 --in {} --out {}", in, out),
+               "sum to 7");
   expect_error(fmt::format("--law Q3 --in {} --out {}", in, out), "not divisible");
   expect_error(fmt::format("--law nope --in {} --out {}", in, out), "unknown law");
-  expect_error(fmt::format("--law Q2 --schedule interval:3 --in {} --out {}", in, out), "not divisible by q");
+  expect_error(fmt::format("--law Q2 --schedule interval:3 --in {} --out {}", in, out),
+               "not divisible by q");
   // A truncated file is reported as such, and no output appears.
   std::string bytes = qt::read_text(in);
-  std::ofstream(in, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  std::ofstream(in, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   expect_error(fmt::format("--law Q2 --in {} --out {}", in, out), in);
   EXPECT_FALSE(std::filesystem::exists(out));
-  expect_error(fmt::format("--law Q2 --in {} --out {}", dir.file("missing.safetensors"), out), "missing.safetensors");
+  expect_error(fmt::format("--law Q2 --in {} --out {}", dir.file("missing.safetensors"), out),
+               "missing.safetensors");
 }

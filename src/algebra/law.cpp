@@ -48,7 +48,8 @@ void check_q(int q, const std::string& context) {
 Law parse_factor(const std::string& spec) {
   if (spec == "dense") return Law::dense(1);
   if (spec.rfind("dense:", 0) == 0) return Law::dense(parse_int(spec.substr(6), spec));
-  if (spec.rfind("blockdiag:", 0) == 0) return Law::block_diagonal(parse_int(spec.substr(10), spec));
+  if (spec.rfind("blockdiag:", 0) == 0)
+    return Law::block_diagonal(parse_int(spec.substr(10), spec));
   if (spec.rfind("graph:", 0) == 0) {
     std::string rest = spec.substr(6);
     size_t colon = rest.find(':');
@@ -64,9 +65,10 @@ Law parse_factor(const std::string& spec) {
     return Law::graph(q, std::move(edges));
   }
   if (spec.size() >= 2 && spec[0] == 'Q') return Law::complete(parse_int(spec.substr(1), spec));
-  fail("unknown law '{}' (expected dense, dense:Q, Qq, blockdiag:Q, graph:Q:a>b,..., or factors "
-       "joined by x such as Q2xQ2)",
-       spec);
+  fail(
+      "unknown law '{}' (expected dense, dense:Q, Qq, blockdiag:Q, graph:Q:a>b,..., or factors "
+      "joined by x such as Q2xQ2)",
+      spec);
 }
 
 }  // namespace
@@ -97,8 +99,8 @@ Law Law::graph(int q, std::vector<std::pair<int, int>> edges) {
   check_q(q, "graph");
   std::set<std::pair<int, int>> seen;
   for (auto [a, b] : edges) {
-    QV_CHECK(a >= 0 && a < q && b >= 0 && b < q, "graph law: edge {}>{} names a vertex outside [0, {})",
-             a, b, q);
+    QV_CHECK(a >= 0 && a < q && b >= 0 && b < q,
+             "graph law: edge {}>{} names a vertex outside [0, {})", a, b, q);
     QV_CHECK(a != b, "graph law: self-loop {}>{} is not allowed", a, b);
     QV_CHECK(seen.insert({a, b}).second, "graph law: edge {}>{} is listed twice", a, b);
   }
@@ -108,7 +110,8 @@ Law Law::graph(int q, std::vector<std::pair<int, int>> edges) {
   law.kind_ = LawKind::Graph;
   law.name_ = "graph:" + std::to_string(q) + ":";
   for (size_t i = 0; i < edges.size(); ++i)
-    law.name_ += (i ? "," : "") + std::to_string(edges[i].first) + ">" + std::to_string(edges[i].second);
+    law.name_ +=
+        (i ? "," : "") + std::to_string(edges[i].first) + ">" + std::to_string(edges[i].second);
   std::vector<std::vector<int>> support(static_cast<size_t>(q) * q);
   for (int a = 0; a < q; ++a)
     for (int d = 0; d < q; ++d) {
@@ -169,10 +172,12 @@ Law Law::tensor(const Law& a, const Law& b) {
 
 Law Law::from_table(int q, std::vector<std::vector<int>> support, std::string name) {
   check_q(q, name);
-  QV_CHECK(support.size() == static_cast<size_t>(q) * q, "law '{}': a support table for q = {} needs {} entries, got {}",
-           name, q, q * q, support.size());
+  QV_CHECK(support.size() == static_cast<size_t>(q) * q,
+           "law '{}': a support table for q = {} needs {} entries, got {}", name, q, q * q,
+           support.size());
   for (auto& s : support)
-    for (int b : s) QV_CHECK(b >= 0 && b < q, "law '{}': support entry {} outside [0, {})", name, b, q);
+    for (int b : s)
+      QV_CHECK(b >= 0 && b < q, "law '{}': support entry {} outside [0, {})", name, b, q);
   Law law;
   law.q_ = q;
   law.kind_ = LawKind::Table;
@@ -204,14 +209,16 @@ int64_t GroupWidths::N() const {
 
 GroupWidths GroupWidths::equal(int q, int64_t K, int64_t N) {
   QV_CHECK(q >= 1, "group count must be positive, got {}", q);
-  QV_CHECK(K % q == 0, "K = {} is not divisible into {} equal input groups; give --in-groups", K, q);
-  QV_CHECK(N % q == 0, "N = {} is not divisible into {} equal output groups; give --out-groups", N, q);
+  QV_CHECK(K % q == 0, "K = {} is not divisible into {} equal input groups; give --in-groups", K,
+           q);
+  QV_CHECK(N % q == 0, "N = {} is not divisible into {} equal output groups; give --out-groups", N,
+           q);
   return GroupWidths{std::vector<int64_t>(q, K / q), std::vector<int64_t>(q, N / q)};
 }
 
 void GroupWidths::validate(int q, int64_t K_expected, int64_t N_expected) const {
-  QV_CHECK(static_cast<int>(in.size()) == q, "input group widths: the law has {} groups, got {} widths",
-           q, in.size());
+  QV_CHECK(static_cast<int>(in.size()) == q,
+           "input group widths: the law has {} groups, got {} widths", q, in.size());
   QV_CHECK(static_cast<int>(out.size()) == q,
            "output group widths: the law has {} groups, got {} widths", q, out.size());
   for (size_t i = 0; i < in.size(); ++i)
@@ -294,8 +301,10 @@ Schedule Schedule::parse(const std::string& spec) {
 
 std::string Schedule::name() const {
   switch (kind_) {
-    case Kind::Cyclic: return "cyclic";
-    case Kind::Interval: return "interval:" + std::to_string(period_);
+    case Kind::Cyclic:
+      return "cyclic";
+    case Kind::Interval:
+      return "interval:" + std::to_string(period_);
     case Kind::Table: {
       std::string s = "table:";
       for (size_t i = 0; i < table_.size(); ++i) s += (i ? "," : "") + std::to_string(table_[i]);
@@ -307,7 +316,8 @@ std::string Schedule::name() const {
 
 void Schedule::validate(int q) const {
   if (kind_ == Kind::Interval)
-    QV_CHECK(period_ % q == 0, "interval schedule: period {} is not divisible by q = {}", period_, q);
+    QV_CHECK(period_ % q == 0, "interval schedule: period {} is not divisible by q = {}", period_,
+             q);
   if (kind_ == Kind::Table)
     for (int t : table_)
       QV_CHECK(t < q, "table schedule: row type {} is out of range for q = {}", t, q);
@@ -315,9 +325,12 @@ void Schedule::validate(int q) const {
 
 int Schedule::type_of(int64_t p, int q) const {
   switch (kind_) {
-    case Kind::Cyclic: return static_cast<int>(p % q);
-    case Kind::Interval: return static_cast<int>((p % period_) / (period_ / q));
-    case Kind::Table: return table_[static_cast<size_t>(p % period_)];
+    case Kind::Cyclic:
+      return static_cast<int>(p % q);
+    case Kind::Interval:
+      return static_cast<int>((p % period_) / (period_ / q));
+    case Kind::Table:
+      return table_[static_cast<size_t>(p % period_)];
   }
   return 0;
 }
@@ -361,7 +374,7 @@ namespace {
 
 struct SlotAlgebra {
   int q;
-  std::vector<int> slot_index;                 // q*q, -1 when (α,δ) is not a slot
+  std::vector<int> slot_index;  // q*q, -1 when (α,δ) is not a slot
   std::vector<std::pair<int, int>> slots;
   // For each output slot: the (left slot, right slot) index pairs of its products.
   std::vector<std::vector<std::pair<int, int>>> terms;
@@ -415,10 +428,12 @@ double diff_norm(const std::vector<double>& a, const std::vector<double>& b) {
 
 std::optional<int64_t> maximal_ideals(const Law& law) {
   switch (law.kind()) {
-    case LawKind::Dense: return 1;           // M_q is simple
-    case LawKind::Graph: return law.q();     // Q_G / J ≅ F^q
+    case LawKind::Dense:
+      return 1;  // M_q is simple
+    case LawKind::Graph:
+      return law.q();  // Q_G / J ≅ F^q
     case LawKind::Tensor: {
-      int64_t t = 1;                         // split semisimple quotients multiply
+      int64_t t = 1;  // split semisimple quotients multiply
       for (const Law& f : law.factors()) {
         auto tf = maximal_ideals(f);
         if (!tf) return std::nullopt;
@@ -426,14 +441,16 @@ std::optional<int64_t> maximal_ideals(const Law& law) {
       }
       return t;
     }
-    case LawKind::Table: return std::nullopt;
+    case LawKind::Table:
+      return std::nullopt;
   }
   return std::nullopt;
 }
 
 std::optional<int64_t> exact_rank(const Law& law) {
   switch (law.kind()) {
-    case LawKind::Graph: return law.q() + 2 * static_cast<int64_t>(law.edges().size());
+    case LawKind::Graph:
+      return law.q() + 2 * static_cast<int64_t>(law.edges().size());
     case LawKind::Dense:
       if (law.q() == 1) return 1;
       if (law.q() == 2) return 7;  // R(M_2) = 7 (Strassen; Winograd's lower bound)
@@ -450,7 +467,8 @@ std::optional<int64_t> exact_rank(const Law& law) {
       if (nontrivial <= 1) return r;
       return std::nullopt;
     }
-    case LawKind::Table: return std::nullopt;
+    case LawKind::Table:
+      return std::nullopt;
   }
   return std::nullopt;
 }

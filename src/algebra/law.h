@@ -20,11 +20,11 @@ enum class LawKind { Dense, Graph, Tensor, Table };
 class Law {
  public:
   // Constructors for the laws the engine provides.
-  static Law dense(int q);                                             // B = all groups (M_q)
-  static Law graph(int q, std::vector<std::pair<int, int>> edges);      // Q_G
-  static Law complete(int q);                                           // Q_q
-  static Law block_diagonal(int q);                                     // empty graph
-  static Law tensor(const Law& a, const Law& b);                        // a ⊗ b, a coarse
+  static Law dense(int q);                                          // B = all groups (M_q)
+  static Law graph(int q, std::vector<std::pair<int, int>> edges);  // Q_G
+  static Law complete(int q);                                       // Q_q
+  static Law block_diagonal(int q);                                 // empty graph
+  static Law tensor(const Law& a, const Law& b);                    // a ⊗ b, a coarse
   // Any support table (support[α*q + δ] = B(α, δ)); facts that need the algebra's
   // structure (exact rank, maximal ideals) are unknown for it.
   static Law from_table(int q, std::vector<std::vector<int>> support, std::string name = "table");
@@ -79,8 +79,8 @@ class Schedule {
  public:
   enum class Kind { Cyclic, Interval, Table };
   static Schedule cyclic();
-  static Schedule interval(int64_t period);           // τ(p) = floor((p mod P)/(P/q))
-  static Schedule table(std::vector<int> types);      // τ(p) = types[p mod len]
+  static Schedule interval(int64_t period);       // τ(p) = floor((p mod P)/(P/q))
+  static Schedule table(std::vector<int> types);  // τ(p) = types[p mod len]
   // "cyclic" | "interval:P" | "table:t0,t1,...".
   static Schedule parse(const std::string& spec);
 
@@ -106,16 +106,16 @@ class Schedule {
 struct Facts {
   int q = 0;
   int64_t dim = 0;
-  std::optional<int64_t> rank;       // exact bilinear rank when known
+  std::optional<int64_t> rank;              // exact bilinear rank when known
   std::optional<int64_t> maximal_ideals;    // t(A): maximal two-sided ideals
   std::optional<int64_t> rank_lower_bound;  // Alder–Strassen: 2·dim − t(A)
-  int64_t products = 0;               // explicit block-product count of the evaluation
-  double rho = 0;                     // arithmetic fraction for the given widths
-  std::vector<double> type_cost;      // MACs per row of each type: Σ_δ Σ_{β∈B} s_β r_δ
+  int64_t products = 0;                     // explicit block-product count of the evaluation
+  double rho = 0;                           // arithmetic fraction for the given widths
+  std::vector<double> type_cost;  // MACs per row of each type: Σ_δ Σ_{β∈B} s_β r_δ
   bool associative = false;
   bool unital = false;
-  double associativity_error = 0;     // max over trials of ‖(ab)c − a(bc)‖ / (‖a‖‖b‖‖c‖)
-  double unit_error = 0;              // max of ‖1a − a‖/‖a‖ and ‖a1 − a‖/‖a‖
+  double associativity_error = 0;  // max over trials of ‖(ab)c − a(bc)‖ / (‖a‖‖b‖‖c‖)
+  double unit_error = 0;           // max of ‖1a − a‖/‖a‖ and ‖a1 − a‖/‖a‖
 };
 
 Facts facts(const Law& law, const GroupWidths& widths, uint64_t seed = 1);

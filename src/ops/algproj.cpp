@@ -5,7 +5,6 @@
 
 #include "core/blas.h"
 #include "quiver/error.h"
-#include "quiver/parallel.h"
 
 namespace quiver::ops {
 
@@ -74,13 +73,15 @@ void check_args(const Tensor& x, const Tensor& w, int64_t K, int64_t N, size_t t
   check_ndim(w, 2, "w");
   check_cpu_contiguous(x, "x");
   check_cpu_contiguous(w, "w");
-  QV_CHECK(x.dim(1) == K, "x: expected {} columns (the input group widths sum to {}), got shape {}", K,
-           K, shape_str(x.shape()));
+  QV_CHECK(x.dim(1) == K, "x: expected {} columns (the input group widths sum to {}), got shape {}",
+           K, K, shape_str(x.shape()));
   check_shape(w, {K, N}, "w");
-  QV_CHECK(x.dtype() == w.dtype(), "x is {} but w is {}", dtype_name(x.dtype()), dtype_name(w.dtype()));
+  QV_CHECK(x.dtype() == w.dtype(), "x is {} but w is {}", dtype_name(x.dtype()),
+           dtype_name(w.dtype()));
   QV_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::F64,
            "algproj on the CPU computes in F32 or F64, got {}", dtype_name(x.dtype()));
-  QV_CHECK(static_cast<int64_t>(types) == x.dim(0), "row_types: {} entries for {} rows", types, x.dim(0));
+  QV_CHECK(static_cast<int64_t>(types) == x.dim(0), "row_types: {} entries for {} rows", types,
+           x.dim(0));
 }
 
 void check_out(const Tensor& t, const Shape& shape, DType dtype, const char* name) {
@@ -98,8 +99,8 @@ void zero_columns(T* base, int64_t rows, int64_t ld, int64_t c0, int64_t c1) {
 // (out groups = β). The first product to reach a group assigns it; groups no shared
 // rectangle reaches are zeroed, so the per-type pass can accumulate.
 template <typename T, typename Product>
-void run_shared(const std::vector<AlgProj::Rect>& rects, bool out_is_delta, int q, int64_t M, T* out,
-                int64_t ld_out, const std::vector<int64_t>& out_off, Product&& product) {
+void run_shared(const std::vector<AlgProj::Rect>& rects, bool out_is_delta, int q, int64_t M,
+                T* out, int64_t ld_out, const std::vector<int64_t>& out_off, Product&& product) {
   std::vector<char> written(q, 0);
   for (const auto& r : rects) {
     int g0 = out_is_delta ? r.d0 : r.b0, g1 = out_is_delta ? r.d1 : r.b1;
@@ -116,37 +117,32 @@ void run_shared(const std::vector<AlgProj::Rect>& rects, bool out_is_delta, int 
     if (!written[g]) zero_columns(out, M, ld_out, out_off[g], out_off[g + 1]);
 }
 
-// Rows per parallel task for the shared rectangles: one block per thread, at least 16 rows.
-int64_t row_block(int64_t M) { return std::max<int64_t>(16, (M + num_threads() - 1) / num_threads()); }
-
 template <typename T>
 void gather_rows(const T* src, int64_t cols, const std::vector<int64_t>& rows, T* dst) {
-  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(dst + i * cols, src + rows[i] * cols, cols * sizeof(T));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(dst + i * cols, src + rows[i] * cols, cols * sizeof(T));
 }
 
 template <typename T>
 void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
-                  const std::vector<std::vector<AlgProj::Rect>>& per_type, const std::vector<int64_t>& ko,
-                  const std::vector<int64_t>& no, const Tensor& x, const Tensor& w,
-                  const std::vector<int>& row_types, Tensor& y) {
+                  const std::vector<std::vector<AlgProj::Rect>>& per_type,
+                  const std::vector<int64_t>& ko, const std::vector<int64_t>& no, const Tensor& x,
+                  const Tensor& w, const std::vector<int>& row_types, Tensor& y) {
   const int q = p.law().q();
   const int64_t M = x.dim(0), K = p.K(), N = p.N();
   const T* X = x.data<T>();
   const T* W = w.data<T>();
   T* Y = y.data<T>();
-  // Shared rectangles over blocks of rows, and then row types, in parallel: each task
-  // writes only its own rows, and runs its GEMMs on one BLAS thread.
-  blas::SingleThreadScope single;
-  parallel_for(M, row_block(M), [&](int64_t m0, int64_t m1) {
-    run_shared<T>(shared, true, q, m1 - m0, Y + m0 * N, N, no, [&](const AlgProj::Rect& r, T beta) {
-      blas::gemm(false, false, m1 - m0, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), X + m0 * K + ko[r.b0], K,
-                 W + ko[r.b0] * N + no[r.d0], N, beta, Y + m0 * N + no[r.d0], N);
-    });
+  // One BLAS product per rectangle, on OpenBLAS's threads. (Splitting rows or types over
+  // quiver's pool instead was measured slower: OpenBLAS's idle threads spin and the two
+  // pools then contend for the cores.)
+  run_shared<T>(shared, true, q, M, Y, N, no, [&](const AlgProj::Rect& r, T beta) {
+    blas::gemm(false, false, M, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), X + ko[r.b0], K,
+               W + ko[r.b0] * N + no[r.d0], N, beta, Y + no[r.d0], N);
   });
   std::vector<RowSet> sets = group_rows(row_types, q, p.access());
-  parallel_for(q, 1, [&](int64_t a0, int64_t a1) {
   std::vector<T> xs, ys;
-  for (int a = static_cast<int>(a0); a < a1; ++a) {
+  for (int a = 0; a < q; ++a) {
     const RowSet& s = sets[a];
     const int64_t m = static_cast<int64_t>(s.rows.size());
     if (m == 0 || per_type[a].empty()) continue;
@@ -168,8 +164,8 @@ void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
       ldy = N;
     }
     for (const auto& r : per_type[a])
-      blas::gemm(false, false, m, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), Xa + ko[r.b0], ldx,
-                 W + ko[r.b0] * N + no[r.d0], N, T(1), Ya + no[r.d0], ldy);
+      blas::gemm(false, false, m, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), Xa + ko[r.b0],
+                 ldx, W + ko[r.b0] * N + no[r.d0], N, T(1), Ya + no[r.d0], ldy);
     if (!s.progression)
       for (int64_t i = 0; i < m; ++i) {
         T* dst = Y + s.rows[i] * N;
@@ -177,14 +173,14 @@ void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
         for (int64_t n = 0; n < N; ++n) dst[n] += src[n];
       }
   }
-  });
 }
 
 template <typename T>
 void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
-                   const std::vector<std::vector<AlgProj::Rect>>& per_type, const std::vector<int64_t>& ko,
-                   const std::vector<int64_t>& no, const Tensor& x, const Tensor& w, const Tensor& dy,
-                   const std::vector<int>& row_types, Tensor* dx, Tensor* dw) {
+                   const std::vector<std::vector<AlgProj::Rect>>& per_type,
+                   const std::vector<int64_t>& ko, const std::vector<int64_t>& no, const Tensor& x,
+                   const Tensor& w, const Tensor& dy, const std::vector<int>& row_types, Tensor* dx,
+                   Tensor* dw) {
   const int q = p.law().q();
   const int64_t M = x.dim(0), K = p.K(), N = p.N();
   const T* X = x.data<T>();
@@ -193,57 +189,43 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
   T* DX = dx ? dx->data<T>() : nullptr;
   T* DW = dw ? dw->data<T>() : nullptr;
   // dX[:, β] = Σ dY[:, δ] W_βδᵀ ; dW_βδ = Σ X[:, β]ᵀ dY[:, δ].
-  if (DX) {
-    blas::SingleThreadScope single;
-    parallel_for(M, row_block(M), [&](int64_t m0, int64_t m1) {
-      run_shared<T>(shared, false, q, m1 - m0, DX + m0 * K, K, ko, [&](const AlgProj::Rect& r, T beta) {
-        blas::gemm(false, true, m1 - m0, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DY + m0 * N + no[r.d0], N,
-                   W + ko[r.b0] * N + no[r.d0], N, beta, DX + m0 * K + ko[r.b0], K);
-      });
+  if (DX)
+    run_shared<T>(shared, false, q, M, DX, K, ko, [&](const AlgProj::Rect& r, T beta) {
+      blas::gemm(false, true, M, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DY + no[r.d0], N,
+                 W + ko[r.b0] * N + no[r.d0], N, beta, DX + ko[r.b0], K);
     });
-  }
-  if (DW) {
-    std::fill(DW, DW + K * N, T(0));
-    for (const auto& r : shared)
-      blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], M, T(1), X + ko[r.b0], K,
-                 DY + no[r.d0], N, T(1), DW + ko[r.b0] * N + no[r.d0], N);
-  }
   std::vector<RowSet> sets = group_rows(row_types, q, p.access());
-  // dX of each type's own terms: types in parallel, each writing only its rows.
+  // dX of each type's own terms.
   if (DX) {
-    blas::SingleThreadScope single;
-    parallel_for(q, 1, [&](int64_t a0, int64_t a1) {
-      std::vector<T> dys, dxs;
-      for (int a = static_cast<int>(a0); a < a1; ++a) {
-        const RowSet& s = sets[a];
-        const int64_t m = static_cast<int64_t>(s.rows.size());
-        if (m == 0 || per_type[a].empty()) continue;
-        const T* DYa = DY + s.rows[0] * N;
-        T* DXa = DX + s.rows[0] * K;
-        int64_t ldy = s.stride * N, ldx = s.stride * K;
-        if (!s.progression) {
-          dys.resize(static_cast<size_t>(m * N));
-          gather_rows(DY, N, s.rows, dys.data());
-          dxs.assign(static_cast<size_t>(m * K), T(0));
-          DYa = dys.data();
-          DXa = dxs.data();
-          ldy = N;
-          ldx = K;
-        }
-        for (const auto& r : per_type[a])
-          blas::gemm(false, true, m, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DYa + no[r.d0], ldy,
-                     W + ko[r.b0] * N + no[r.d0], N, T(1), DXa + ko[r.b0], ldx);
-        if (!s.progression)
-          for (int64_t i = 0; i < m; ++i) {
-            T* dst = DX + s.rows[i] * K;
-            const T* src = dxs.data() + i * K;
-            for (int64_t k = 0; k < K; ++k) dst[k] += src[k];
-          }
+    std::vector<T> dys, dxs;
+    for (int a = 0; a < q; ++a) {
+      const RowSet& s = sets[a];
+      const int64_t m = static_cast<int64_t>(s.rows.size());
+      if (m == 0 || per_type[a].empty()) continue;
+      const T* DYa = DY + s.rows[0] * N;
+      T* DXa = DX + s.rows[0] * K;
+      int64_t ldy = s.stride * N, ldx = s.stride * K;
+      if (!s.progression) {
+        dys.resize(static_cast<size_t>(m * N));
+        gather_rows(DY, N, s.rows, dys.data());
+        dxs.assign(static_cast<size_t>(m * K), T(0));
+        DYa = dys.data();
+        DXa = dxs.data();
+        ldy = N;
+        ldx = K;
       }
-    });
+      for (const auto& r : per_type[a])
+        blas::gemm(false, true, m, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DYa + no[r.d0],
+                   ldy, W + ko[r.b0] * N + no[r.d0], N, T(1), DXa + ko[r.b0], ldx);
+      if (!s.progression)
+        for (int64_t i = 0; i < m; ++i) {
+          T* dst = DX + s.rows[i] * K;
+          const T* src = dxs.data() + i * K;
+          for (int64_t k = 0; k < K; ++k) dst[k] += src[k];
+        }
+    }
   }
-  // dW of each type's own terms: types one after another (their blocks may overlap under a
-  // general law), each product on OpenBLAS's threads.
+  // dW of each type's own terms (their blocks may overlap under a general law).
   if (DW) {
     std::vector<T> xs, dys;
     for (int a = 0; a < q; ++a) {
@@ -264,8 +246,8 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
         ldy = N;
       }
       for (const auto& r : per_type[a])
-        blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], m, T(1), Xa + ko[r.b0], ldx,
-                   DYa + no[r.d0], ldy, T(1), DW + ko[r.b0] * N + no[r.d0], N);
+        blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], m, T(1), Xa + ko[r.b0],
+                   ldx, DYa + no[r.d0], ldy, T(1), DW + ko[r.b0] * N + no[r.d0], N);
     }
   }
 }
@@ -301,7 +283,8 @@ int64_t AlgProj::weight_elements_read(int alpha) const {
   return n;
 }
 
-void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y) const {
+void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
+                      Tensor& y) const {
   check_args(x, w, K(), N(), row_types.size());
   check_out(y, {x.dim(0), N()}, x.dtype(), "y");
   if (x.dtype() == DType::F32)
@@ -310,8 +293,8 @@ void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& 
     forward_impl<double>(*this, shared_, per_type_, k_off_, n_off_, x, w, row_types, y);
 }
 
-void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy, const std::vector<int>& row_types,
-                       Tensor* dx, Tensor* dw) const {
+void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                       const std::vector<int>& row_types, Tensor* dx, Tensor* dw) const {
   check_args(x, w, K(), N(), row_types.size());
   check_out(dy, {x.dim(0), N()}, x.dtype(), "dy");
   if (dx) check_out(*dx, {x.dim(0), K()}, x.dtype(), "dx");
@@ -335,8 +318,9 @@ struct Groups {
 };
 }  // namespace
 
-void algproj_reference_forward(const Tensor& x, const Tensor& w, const Law& law, const GroupWidths& widths,
-                               const std::vector<int>& row_types, Tensor& y) {
+void algproj_reference_forward(const Tensor& x, const Tensor& w, const Law& law,
+                               const GroupWidths& widths, const std::vector<int>& row_types,
+                               Tensor& y) {
   widths.validate(law.q());
   check_args(x, w, widths.K(), widths.N(), row_types.size());
   Groups g(widths);
@@ -359,8 +343,8 @@ void algproj_reference_forward(const Tensor& x, const Tensor& w, const Law& law,
 }
 
 void algproj_reference_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Law& law,
-                                const GroupWidths& widths, const std::vector<int>& row_types, Tensor& dx,
-                                Tensor& dw) {
+                                const GroupWidths& widths, const std::vector<int>& row_types,
+                                Tensor& dx, Tensor& dw) {
   widths.validate(law.q());
   check_args(x, w, widths.K(), widths.N(), row_types.size());
   Groups g(widths);

@@ -35,9 +35,10 @@ class AlgProj {
   int64_t K() const { return widths_.K(); }
   int64_t N() const { return widths_.N(); }
 
-  void forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y) const;
-  void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const std::vector<int>& row_types,
-                Tensor* dx, Tensor* dw) const;
+  void forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
+               Tensor& y) const;
+  void backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                const std::vector<int>& row_types, Tensor* dx, Tensor* dw) const;
 
   // Weight elements a row of type α reads (the union of its blocks), for decode accounting.
   int64_t weight_elements_read(int alpha) const;
@@ -62,8 +63,8 @@ class AlgProj {
 // The independent formula of SPEC §1.3: row m = x_m · (W ⊙ Mask_{τ(m)}), with
 // Mask_α[block β, δ] = [β ∈ B(α, δ)]. Plain loops with double accumulation; for tests.
 void algproj_reference_forward(const Tensor& x, const Tensor& w, const algebra::Law& law,
-                               const algebra::GroupWidths& widths, const std::vector<int>& row_types,
-                               Tensor& y);
+                               const algebra::GroupWidths& widths,
+                               const std::vector<int>& row_types, Tensor& y);
 void algproj_reference_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                 const algebra::Law& law, const algebra::GroupWidths& widths,
                                 const std::vector<int>& row_types, Tensor& dx, Tensor& dw);

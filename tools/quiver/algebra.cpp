@@ -19,10 +19,14 @@ struct AlgebraArgs {
 
 const char* kind_name(algebra::LawKind kind) {
   switch (kind) {
-    case algebra::LawKind::Dense: return "dense (matrix algebra)";
-    case algebra::LawKind::Graph: return "graph law";
-    case algebra::LawKind::Tensor: return "tensor product";
-    case algebra::LawKind::Table: return "support table";
+    case algebra::LawKind::Dense:
+      return "dense (matrix algebra)";
+    case algebra::LawKind::Graph:
+      return "graph law";
+    case algebra::LawKind::Tensor:
+      return "tensor product";
+    case algebra::LawKind::Table:
+      return "support table";
   }
   return "?";
 }
@@ -56,10 +60,10 @@ void run(const AlgebraArgs& a) {
     j["q"] = q;
     j["dim"] = f.dim;
     j["rank"] = f.rank ? nlohmann::ordered_json(*f.rank) : nlohmann::ordered_json(nullptr);
-    j["rank_lower_bound"] =
-        f.rank_lower_bound ? nlohmann::ordered_json(*f.rank_lower_bound) : nlohmann::ordered_json(nullptr);
-    j["maximal_ideals"] =
-        f.maximal_ideals ? nlohmann::ordered_json(*f.maximal_ideals) : nlohmann::ordered_json(nullptr);
+    j["rank_lower_bound"] = f.rank_lower_bound ? nlohmann::ordered_json(*f.rank_lower_bound)
+                                               : nlohmann::ordered_json(nullptr);
+    j["maximal_ideals"] = f.maximal_ideals ? nlohmann::ordered_json(*f.maximal_ideals)
+                                           : nlohmann::ordered_json(nullptr);
     j["products"] = f.products;
     j["rho"] = f.rho;
     j["ideal_speedup"] = 1.0 / f.rho;
@@ -84,13 +88,15 @@ void run(const AlgebraArgs& a) {
   }
 
   fmt::print("law {}: {}, q = {} groups\n", law.name(), kind_name(law.kind()), q);
-  fmt::print("input widths  {}\noutput widths {}\n\n", fmt::join(widths.in, ","), fmt::join(widths.out, ","));
+  fmt::print("input widths  {}\noutput widths {}\n\n", fmt::join(widths.in, ","),
+             fmt::join(widths.out, ","));
   if (q <= kMaxTable) {
     fmt::print("support B(row type, output group): the input groups whose blocks contribute\n");
     std::vector<std::vector<std::string>> cells(q, std::vector<std::string>(q));
     size_t width = 3;
     for (int al = 0; al < q; ++al)
-      for (int d = 0; d < q; ++d) width = std::max(width, (cells[al][d] = join(law.support(al, d))).size());
+      for (int d = 0; d < q; ++d)
+        width = std::max(width, (cells[al][d] = join(law.support(al, d))).size());
     std::string head = fmt::format("{:>6}", "");
     for (int d = 0; d < q; ++d) head += fmt::format(" {:>{}}", fmt::format("d{}", d), width);
     fmt::print("{}\n", head);
@@ -104,20 +110,23 @@ void run(const AlgebraArgs& a) {
   }
   fmt::print("\nfacts\n");
   fmt::print("  dimension              {}\n", f.dim);
-  fmt::print("  bilinear rank          {}\n", f.rank ? fmt::format("{} (exact)", *f.rank) : "unknown");
+  fmt::print("  bilinear rank          {}\n",
+             f.rank ? fmt::format("{} (exact)", *f.rank) : "unknown");
   if (f.rank_lower_bound)
-    fmt::print("  Alder–Strassen bound   {} = 2·{} − {} maximal two-sided ideals\n", *f.rank_lower_bound,
-               f.dim, *f.maximal_ideals);
+    fmt::print("  Alder–Strassen bound   {} = 2·{} − {} maximal two-sided ideals\n",
+               *f.rank_lower_bound, f.dim, *f.maximal_ideals);
   else
     fmt::print("  Alder–Strassen bound   unknown (maximal ideals not known for a raw table)\n");
   fmt::print("  explicit products      {}\n", f.products);
-  fmt::print("  arithmetic fraction ρ  {:.6f} (ideal speedup over dense {:.3f}×)\n", f.rho, 1.0 / f.rho);
+  fmt::print("  arithmetic fraction ρ  {:.6f} (ideal speedup over dense {:.3f}×)\n", f.rho,
+             1.0 / f.rho);
   std::string costs;
-  for (int al = 0; al < q && al < 16; ++al) costs += fmt::format("{}{:.0f}", al ? ", " : "", f.type_cost[al]);
+  for (int al = 0; al < q && al < 16; ++al)
+    costs += fmt::format("{}{:.0f}", al ? ", " : "", f.type_cost[al]);
   fmt::print("  MACs per row by type   {}{}\n", costs, q > 16 ? ", ..." : "");
   fmt::print("\nverification (random elements, structure constants)\n");
-  fmt::print("  associative            {} (max relative error {:.2e})\n", f.associative ? "yes" : "NO",
-             f.associativity_error);
+  fmt::print("  associative            {} (max relative error {:.2e})\n",
+             f.associative ? "yes" : "NO", f.associativity_error);
   fmt::print("  unital                 {} (max relative error {:.2e})\n", f.unital ? "yes" : "NO",
              f.unit_error);
 }
@@ -135,7 +144,8 @@ void register_algebra(CLI::App& app) {
       "factors joined by x for tensor products (e.g. Q2xQ2, Q2xQ2xQ2, graph:3:0>1xQ2).");
   cmd->add_option("law", args->law, "the law")->required();
   cmd->add_option("--in-groups", args->in_groups, "input group widths a,b,... (default: equal)");
-  cmd->add_option("--out-groups", args->out_groups, "output group widths a,b,... (default: the input widths)");
+  cmd->add_option("--out-groups", args->out_groups,
+                  "output group widths a,b,... (default: the input widths)");
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->callback([args] { run(*args); });
 }

@@ -70,26 +70,31 @@ void run(const BenchArgs& a) {
        }()) {
     algebra::Law law = algebra::Law::parse(spec);
     algebra::GroupWidths widths = algebra::GroupWidths::equal(law.q(), a.K, a.N);
-    ops::AlgProj in_place(law, widths, ops::RowAccess::InPlace), gather(law, widths, ops::RowAccess::Gather);
+    ops::AlgProj in_place(law, widths, ops::RowAccess::InPlace),
+        gather(law, widths, ops::RowAccess::Gather);
     std::vector<int> types = schedule.types(0, a.M, law.q());
     double rho = algebra::arithmetic_fraction(law, widths);
     dense_fwd();
     std::vector<double> td, ta_in, ta_ga, tdb, tab_in, tab_ga;
     for (int r = 0; r < reps; ++r) {
       td.push_back(time_it(dense_fwd, 0, 1).median_s);
-      ta_in.push_back(time_it([&] { in_place.forward(x, w, types, y); }, r == 0 ? 1 : 0, 1).median_s);
+      ta_in.push_back(
+          time_it([&] { in_place.forward(x, w, types, y); }, r == 0 ? 1 : 0, 1).median_s);
       ta_ga.push_back(time_it([&] { gather.forward(x, w, types, y); }, r == 0 ? 1 : 0, 1).median_s);
       if (a.backward) {
         tdb.push_back(time_it(dense_bwd, 0, 1).median_s);
-        tab_in.push_back(time_it([&] { in_place.backward(x, w, dy, types, &dx, &dw); }, 0, 1).median_s);
-        tab_ga.push_back(time_it([&] { gather.backward(x, w, dy, types, &dx, &dw); }, 0, 1).median_s);
+        tab_in.push_back(
+            time_it([&] { in_place.backward(x, w, dy, types, &dx, &dw); }, 0, 1).median_s);
+        tab_ga.push_back(
+            time_it([&] { gather.backward(x, w, dy, types, &dx, &dw); }, 0, 1).median_s);
       }
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    double d = median(td), al_in = median(ta_in), al_ga = median(ta_ga), al = std::min(al_in, al_ga);
+    double d = median(td), al_in = median(ta_in), al_ga = median(ta_ga),
+           al = std::min(al_in, al_ga);
     nlohmann::ordered_json row;
     row["law"] = law.name();
     row["schedule"] = schedule.name();
@@ -111,8 +116,8 @@ void run(const BenchArgs& a) {
     }
     rows.push_back(row);
   }
-  std::string machine = fmt::format("{}, {} threads (OpenBLAS {})", cpu_description(), num_threads(),
-                                    blas::threads());
+  std::string machine = fmt::format("{}, {} threads (OpenBLAS {})", cpu_description(),
+                                    num_threads(), blas::threads());
   print_table(rows);
   std::string path = write_results(a.results_dir, "algproj-cpu", machine, rows);
   fmt::print("machine: {}\nresults: {}\n", machine, path);
@@ -135,7 +140,8 @@ void register_bench_algproj(CLI::App& bench) {
   cmd->add_option("--reps", args->reps, "timed trials per side")->capture_default_str();
   cmd->add_flag("!--no-backward", args->backward, "time the forward only");
   cmd->add_flag("--quick", args->quick, "3 trials (smoke run)");
-  cmd->add_option("--results-dir", args->results_dir, "where results are written")->capture_default_str();
+  cmd->add_option("--results-dir", args->results_dir, "where results are written")
+      ->capture_default_str();
   cmd->callback([args] { run(*args); });
 }
 

@@ -36,7 +36,8 @@ void run(const AlgProjArgs& a) {
   if (a.in_groups.empty() && a.out_groups.empty()) {
     widths = algebra::GroupWidths::equal(law.q(), K, N);
   } else {
-    QV_CHECK(!a.in_groups.empty() && !a.out_groups.empty(), "give both --in-groups and --out-groups");
+    QV_CHECK(!a.in_groups.empty() && !a.out_groups.empty(),
+             "give both --in-groups and --out-groups");
     widths.in = algebra::parse_widths(a.in_groups, "--in-groups");
     widths.out = algebra::parse_widths(a.out_groups, "--out-groups");
   }
@@ -75,13 +76,16 @@ void register_op_algproj(CLI::App& op) {
       "          dy [M, N] (optional)     upstream gradient\n"
       "  writes  y  [M, N]; with dy also dx [M, K] and dw [K, N]\n"
       "All tensors F32 or all F64; the op computes in that precision.");
-  cmd->add_option("--law", args->law, "law: dense, Q4, Q2xQ2, graph:4:0>1,1>2, blockdiag:4, ...")->required();
+  cmd->add_option("--law", args->law, "law: dense, Q4, Q2xQ2, graph:4:0>1,1>2, blockdiag:4, ...")
+      ->required();
   cmd->add_option("--schedule", args->schedule, "row types: cyclic | interval:P | table:t0,t1,...")
       ->capture_default_str();
   cmd->add_option("--in", args->in, "input safetensors file")->required();
   cmd->add_option("--out", args->out, "output safetensors file (written atomically)")->required();
-  cmd->add_option("--in-groups", args->in_groups, "input group widths a,b,... (sum K; default equal)");
-  cmd->add_option("--out-groups", args->out_groups, "output group widths a,b,... (sum N; default equal)");
+  cmd->add_option("--in-groups", args->in_groups,
+                  "input group widths a,b,... (sum K; default equal)");
+  cmd->add_option("--out-groups", args->out_groups,
+                  "output group widths a,b,... (sum N; default equal)");
   cmd->add_option("--pos0", args->pos0, "absolute position of the first row of each sequence")
       ->capture_default_str();
   cmd->callback([args] { run(*args); });
