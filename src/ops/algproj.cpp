@@ -194,6 +194,12 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
       blas::gemm(false, true, M, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], T(1), DY + no[r.d0], N,
                  W + ko[r.b0] * N + no[r.d0], N, beta, DX + ko[r.b0], K);
     });
+  if (DW) {
+    std::fill(DW, DW + K * N, T(0));
+    for (const auto& r : shared)
+      blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], M, T(1), X + ko[r.b0], K,
+                 DY + no[r.d0], N, T(1), DW + ko[r.b0] * N + no[r.d0], N);
+  }
   std::vector<RowSet> sets = group_rows(row_types, q, p.access());
   // dX of each type's own terms.
   if (DX) {
