@@ -1,4 +1,96 @@
+// `quiver train`: trains a model on a dataset folder made by `quiver prepare`, or resumes a
+// run folder exactly (see src/train/trainer.h for the folder's files).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "bench_util.h"
 #include "commands.h"
+#include "core/progress.h"
+#include "quiver/parallel.h"
+#include "train/trainer.h"
+
 namespace quiver::cli {
-void register_train(CLI::App& app) { app.add_subcommand("train", "(not yet implemented)"); }
+
+namespace {
+
+struct TrainArgs {
+  train::TrainOptions options;
+  uint64_t seed = 0;
+  bool quiet = false;
+};
+
+std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-"; }
+
+void run(TrainArgs& args, CLI::App* cmd) {
+  train::TrainOptions& o = args.options;
+  for (const CLI::Option* opt : cmd->get_options())
+    if (opt->count() > 0) o.given.insert(opt->get_single_name());
+  if (o.given.count("seed")) o.seed = args.seed;
+  o.progress = !args.quiet;
+  o.run_info["command"] = recorded_command_line();
+  o.run_info["machine"] = cpu_description();
+  o.run_info["date"] = utc_date();
+  o.run_info["threads"] = o.threads > 0 ? o.threads : num_threads();
+
+  const train::TrainResult r = train::run_training(o);
+  const train::TimeBreakdown& t = r.time;
+  const double total = t.data + t.forward_backward + t.optimizer + t.eval + t.checkpoint;
+  const std::string where = !o.out_dir.empty() ? o.out_dir : o.resume_dir;
+  fmt::print("{} at step {}/{}: {} tokens, {} in total\n", r.step >= r.total_steps ? "finished" : "stopped", r.step,
+             r.total_steps, human_count(static_cast<double>(r.tokens)), human_duration(r.elapsed_s));
+  if (std::isnan(r.last_val_loss))
+    fmt::print("train loss {:.4f}, no evaluation yet\n", r.last_loss);
+  else
+    fmt::print("train loss {:.4f}, val NLL {:.4f} (best {:.4f})\n", r.last_loss, r.last_val_loss, r.best_val_loss);
+  if (total > 0)
+    fmt::print(
+        "this session: {} tok/s of training; time in forward+backward {}, optimizer {}, data {}, evaluation {}, "
+        "checkpoints {}\n",
+        human_count(r.tokens_per_s), percent(t.forward_backward, total), percent(t.optimizer, total),
+        percent(t.data, total), percent(t.eval, total), percent(t.checkpoint, total));
+  fmt::print("run folder: {} (metrics.jsonl, loss.svg, model.safetensors)\n", where);
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  train::TrainOptions& o = args->options;
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a model (AdamW, warmup + cosine, clipping, accumulation) on a dataset folder made by\n"
+      "`quiver prepare`, writing RUN/metrics.jsonl, RUN/loss.svg, RUN/run.json and checkpoints\n"
+      "(RUN/model.safetensors + RUN/optimizer.safetensors). --resume RUN continues a run exactly,\n"
+      "up to --steps in total. Ctrl-C stops after the current step and writes a checkpoint.");
+  cmd->add_option("--config", o.config, "model preset (configs/NAME.json) or config .json path");
+  cmd->add_option("--data", o.data_dir, "dataset folder (dataset.json + train_/val_ shards)");
+  cmd->add_option("--out", o.out_dir, "run folder to write (with --resume: default the resumed folder)");
+  cmd->add_option("--resume", o.resume_dir, "run folder to continue from its last checkpoint");
+  cmd->add_option("--steps", o.steps, "optimizer steps in total (a resumed run continues up to this)");
+  cmd->add_option("--tokens", o.token_budget, "token budget instead of --steps: steps = ceil(tokens / (B·T·accum))");
+  cmd->add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (B)")->capture_default_str();
+  cmd->add_option("--seq-len", o.seq_len, "tokens per sequence (T; default: the model's context)");
+  cmd->add_option("--accum", o.accum, "micro-batches accumulated per optimizer step")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "linear warmup steps (default: min(500, steps/10))");
+  cmd->add_option("--final-lr-frac", o.final_lr_frac, "cosine decays to this fraction of the peak")
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", o.adamw.weight_decay, "decoupled weight decay (matrices and embeddings)")
+      ->capture_default_str();
+  cmd->add_option("--beta1", o.adamw.beta1, "AdamW β1")->capture_default_str();
+  cmd->add_option("--beta2", o.adamw.beta2, "AdamW β2")->capture_default_str();
+  cmd->add_option("--eps", o.adamw.eps, "AdamW ε")->capture_default_str();
+  cmd->add_option("--clip", o.clip, "global gradient-norm clipping (0 = off)")->capture_default_str();
+  cmd->add_option("--eval-every", o.eval_every, "evaluate val NLL every N steps (default: steps/10)");
+  cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps (default: --eval-every)");
+  cmd->add_option("--stop-at", o.stop_at, "stop after this step with a checkpoint, as if interrupted");
+  cmd->add_option("--seed", args->seed, "initialization seed (default: the config's seed)");
+  cmd->add_option("--threads", o.threads, "CPU threads (default: QUIVER_NUM_THREADS or all cores)");
+  cmd->add_flag("--quiet", args->quiet, "no progress line");
+  cmd->callback([args, cmd] { run(*args, cmd); });
+}
+
 }  // namespace quiver::cli
