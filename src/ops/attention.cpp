@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/blas.h"
+#include "ops/row_cache.h"
 #include "quiver/parallel.h"
 
 namespace quiver::ops {
@@ -436,65 +437,16 @@ int64_t attention_reference_forward_workspace_bytes(const Shape& q_shape, DType 
 
 KVCache::KVCache(int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim,
                  DType dtype) {
-  QV_CHECK(batch >= 1 && capacity >= 1 && kv_heads >= 1 && head_dim >= 1,
-           "KVCache: batch, capacity, kv_heads and head_dim must be positive, got {}, {}, {}, {}",
-           batch, capacity, kv_heads, head_dim);
-  QV_CHECK(dtype == DType::F32 || dtype == DType::F64, "KVCache: dtype must be F32 or F64, got {}",
-           dtype_name(dtype));
-  k = Tensor::zeros({batch, capacity, kv_heads, head_dim}, dtype);
-  v = Tensor::zeros({batch, capacity, kv_heads, head_dim}, dtype);
+  detail::allocate_row_pair("KVCache", batch, capacity, kv_heads, head_dim, dtype, k, v);
 }
-
-namespace {
-
-// Copies n rows per sequence of [B, n, H, Dh] data into rows [length, length + n) of a
-// [B, capacity, H, Dh] cache tensor.
-void copy_rows(Tensor& cache, int64_t length, const Tensor& rows, int64_t n) {
-  const int64_t B = cache.dim(0), cap = cache.dim(1), row = cache.dim(2) * cache.dim(3);
-  const size_t es = dtype_size(cache.dtype());
-  const char* src = static_cast<const char*>(rows.raw());
-  char* dst = static_cast<char*>(cache.raw());
-  for (int64_t b = 0; b < B; ++b)
-    std::copy(src + b * n * row * es, src + (b + 1) * n * row * es,
-              dst + (b * cap + length) * row * es);
-}
-
-}  // namespace
 
 void KVCache::append(const Tensor& k_rows, const Tensor& v_rows) {
-  QV_CHECK(k.defined(), "KVCache: append to a cache that was never sized");
-  check_cpu_contiguous(k_rows, "k_rows");
-  check_dtype(k_rows, k.dtype(), "k_rows");
-  QV_CHECK(k_rows.ndim() == 4 || (k_rows.ndim() == 3 && batch() == 1),
-           "k_rows: expected shape [B, n, Hkv, Dh] (or [n, Hkv, Dh] when B = 1), got {}",
-           shape_str(k_rows.shape()));
-  const int64_t n = k_rows.dim(-3);
-  check_shape(k_rows,
-              k_rows.ndim() == 4 ? Shape{batch(), n, kv_heads(), head_dim()}
-                                 : Shape{n, kv_heads(), head_dim()},
-              "k_rows");
-  check_cpu_contiguous(v_rows, "v_rows");
-  check_dtype(v_rows, k.dtype(), "v_rows");
-  check_shape(v_rows, k_rows.shape(), "v_rows");
-  QV_CHECK(length + n <= capacity(), "KVCache: appending {} rows to {} exceeds the capacity {}", n,
-           length, capacity());
-  copy_rows(k, length, k_rows, n);
-  copy_rows(v, length, v_rows, n);
-  length += n;
+  length = detail::append_row_pair("KVCache", k, v, length, k_rows, v_rows, "k_rows", "v_rows");
 }
 
 void KVCache::append_row(const Tensor& k_row, const Tensor& v_row) {
-  QV_CHECK(k.defined(), "KVCache: append to a cache that was never sized");
-  for (auto [t, name] : {std::pair{&k_row, "k_row"}, {&v_row, "v_row"}}) {
-    check_cpu_contiguous(*t, name);
-    check_dtype(*t, k.dtype(), name);
-    check_shape(*t, {batch(), kv_heads(), head_dim()}, name);
-  }
-  QV_CHECK(length + 1 <= capacity(), "KVCache: appending a row to {} exceeds the capacity {}",
-           length, capacity());
-  copy_rows(k, length, k_row, 1);
-  copy_rows(v, length, v_row, 1);
-  length += 1;
+  length = detail::append_single_row_pair("KVCache", k, v, length, k_row, v_row, "k_row",
+                                          "v_row");
 }
 
 void attention_decode_step(const Tensor& q_row, const KVCache& cache, Tensor& y_row) {

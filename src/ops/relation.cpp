@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/blas.h"
+#include "ops/row_cache.h"
 #include "quiver/parallel.h"
 
 namespace quiver::ops {
@@ -451,18 +452,6 @@ void decode_step(const T* p1, const T* p2, const T* v, T lambda, const RelationO
   });
 }
 
-// Copies n rows per sequence of [B, n, H, Dh] data into rows [length, length + n) of a
-// [B, capacity, H, Dh] cache tensor.
-void copy_rows(Tensor& cache, int64_t length, const Tensor& rows, int64_t n) {
-  const int64_t B = cache.dim(0), cap = cache.dim(1), row = cache.dim(2) * cache.dim(3);
-  const int64_t es = static_cast<int64_t>(dtype_size(cache.dtype()));
-  const char* src = static_cast<const char*>(rows.raw());
-  char* dst = static_cast<char*>(cache.raw());
-  for (int64_t b = 0; b < B; ++b)
-    std::copy(src + b * n * row * es, src + (b + 1) * n * row * es,
-              dst + (b * cap + length) * row * es);
-}
-
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
@@ -592,49 +581,17 @@ int64_t flash_relation_workspace_bytes(const Shape& p1_shape, DType dtype, bool 
 
 RelationCache::RelationCache(int64_t batch, int64_t capacity, int64_t heads, int64_t head_dim,
                              DType dtype) {
-  QV_CHECK(batch >= 1 && capacity >= 1 && heads >= 1 && head_dim >= 1,
-           "RelationCache: batch, capacity, heads and head_dim must be positive, got {}, {}, {}, {}",
-           batch, capacity, heads, head_dim);
-  QV_CHECK(dtype == DType::F32 || dtype == DType::F64,
-           "RelationCache: dtype must be F32 or F64, got {}", dtype_name(dtype));
-  p2 = Tensor::zeros({batch, capacity, heads, head_dim}, dtype);
-  v = Tensor::zeros({batch, capacity, heads, head_dim}, dtype);
+  detail::allocate_row_pair("RelationCache", batch, capacity, heads, head_dim, dtype, p2, v);
 }
 
 void RelationCache::append(const Tensor& p2_rows, const Tensor& v_rows) {
-  QV_CHECK(p2.defined(), "RelationCache: append to a cache that was never sized");
-  check_cpu_contiguous(p2_rows, "p2_rows");
-  check_dtype(p2_rows, p2.dtype(), "p2_rows");
-  QV_CHECK(p2_rows.ndim() == 4 || (p2_rows.ndim() == 3 && batch() == 1),
-           "p2_rows: expected shape [B, n, H, Dh] (or [n, H, Dh] when B = 1), got {}",
-           shape_str(p2_rows.shape()));
-  const int64_t n = p2_rows.dim(-3);
-  check_shape(p2_rows,
-              p2_rows.ndim() == 4 ? Shape{batch(), n, heads(), head_dim()}
-                                  : Shape{n, heads(), head_dim()},
-              "p2_rows");
-  check_cpu_contiguous(v_rows, "v_rows");
-  check_dtype(v_rows, p2.dtype(), "v_rows");
-  check_shape(v_rows, p2_rows.shape(), "v_rows");
-  QV_CHECK(length + n <= capacity(),
-           "RelationCache: appending {} rows to {} exceeds the capacity {}", n, length, capacity());
-  copy_rows(p2, length, p2_rows, n);
-  copy_rows(v, length, v_rows, n);
-  length += n;
+  length = detail::append_row_pair("RelationCache", p2, v, length, p2_rows, v_rows, "p2_rows",
+                                   "v_rows");
 }
 
 void RelationCache::append_row(const Tensor& p2_row, const Tensor& v_row) {
-  QV_CHECK(p2.defined(), "RelationCache: append to a cache that was never sized");
-  for (auto [t, name] : {std::pair{&p2_row, "p2_row"}, {&v_row, "v_row"}}) {
-    check_cpu_contiguous(*t, name);
-    check_dtype(*t, p2.dtype(), name);
-    check_shape(*t, {batch(), heads(), head_dim()}, name);
-  }
-  QV_CHECK(length + 1 <= capacity(), "RelationCache: appending a row to {} exceeds the capacity {}",
-           length, capacity());
-  copy_rows(p2, length, p2_row, 1);
-  copy_rows(v, length, v_row, 1);
-  length += 1;
+  length = detail::append_single_row_pair("RelationCache", p2, v, length, p2_row, v_row, "p2_row",
+                                          "v_row");
 }
 
 void relation_decode_step(const Tensor& p1_row, const Tensor& p2_row, const Tensor& v_row,
