@@ -6,37 +6,12 @@
 #include <vector>
 
 #include "core/blas.h"
+#include "ops/head_shape.h"
 #include "ops/row_cache.h"
 #include "quiver/parallel.h"
 
 namespace quiver::ops {
 namespace {
-
-// [B, T, H, Dh] sizes of a 3-d or 4-d head tensor.
-struct HeadDims {
-  int64_t B = 1, T = 0, H = 0, Dh = 0;
-};
-
-HeadDims head_dims(const Shape& s, const char* name) {
-  QV_CHECK(s.size() == 3 || s.size() == 4, "{}: expected shape [T, H, Dh] or [B, T, H, Dh], got {}",
-           name, shape_str(s));
-  HeadDims d;
-  const size_t off = s.size() - 3;
-  if (off) d.B = s[0];
-  d.T = s[off];
-  d.H = s[off + 1];
-  d.Dh = s[off + 2];
-  QV_CHECK(d.B >= 1 && d.T >= 1 && d.H >= 1 && d.Dh >= 1, "{}: every size must be positive, got {}",
-           name, shape_str(s));
-  return d;
-}
-
-void check_float_input(const Tensor& t, const char* name) {
-  QV_CHECK(t.defined(), "{}: tensor is undefined", name);
-  check_cpu_contiguous(t, name);
-  QV_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64,
-           "{}: expected dtype F32 or F64, got {}", name, dtype_name(t.dtype()));
-}
 
 // Allocates an undefined output, or checks a caller's preallocated one.
 void prepare_output(Tensor& out, const Shape& shape, DType dtype, const char* name) {
@@ -61,8 +36,8 @@ AttnDims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_float_input(q, "q");
   check_float_input(k, "k");
   check_float_input(v, "v");
-  HeadDims dq = head_dims(q.shape(), "q");
-  HeadDims dk = head_dims(k.shape(), "k");
+  HeadShape dq = head_shape(q.shape(), "q");
+  HeadShape dk = head_shape(k.shape(), "k");
   QV_CHECK(k.ndim() == q.ndim(), "k: expected a {}-d tensor like q, got shape {}", q.ndim(),
            shape_str(k.shape()));
   check_dtype(k, q.dtype(), "k");
@@ -424,14 +399,14 @@ void attention_reference_backward(const Tensor& q, const Tensor& k, const Tensor
 }
 
 int64_t attention_forward_workspace_bytes(const Shape& q_shape, DType dtype, int64_t tile) {
-  HeadDims d = head_dims(q_shape, "q");
+  HeadShape d = head_shape(q_shape, "q");
   const int64_t items = d.B * d.H * ((d.T + tile - 1) / tile);
   const int64_t per_chunk = tile * tile + tile * d.Dh + 2 * tile;
   return std::min<int64_t>(num_threads(), items) * per_chunk * int64_t(dtype_size(dtype));
 }
 
 int64_t attention_reference_forward_workspace_bytes(const Shape& q_shape, DType dtype) {
-  HeadDims d = head_dims(q_shape, "q");
+  HeadShape d = head_shape(q_shape, "q");
   return std::min<int64_t>(num_threads(), d.B * d.H) * d.T * d.T * int64_t(sizeof(double));
 }
 

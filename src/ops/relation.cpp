@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/blas.h"
+#include "ops/head_shape.h"
 #include "ops/row_cache.h"
 #include "quiver/parallel.h"
 
@@ -15,35 +16,11 @@ namespace {
 // ----------------------------------------------------------------------------------------------
 // Checks and shared plumbing.
 
-struct RelDims {
-  int64_t B = 1, T = 0, H = 0, Dh = 0;
-  int ndim = 3;
-  Shape stats_shape() const {
-    return ndim == 4 ? Shape{B, H, T, kRelationStatCount} : Shape{H, T, kRelationStatCount};
-  }
-  Shape flow_shape() const { return ndim == 4 ? Shape{B, H, T, T} : Shape{H, T, T}; }
-};
-
-RelDims rel_dims(const Shape& s, const char* name) {
-  QV_CHECK(s.size() == 3 || s.size() == 4, "{}: expected shape [T, H, Dh] or [B, T, H, Dh], got {}",
-           name, shape_str(s));
-  RelDims d;
-  d.ndim = static_cast<int>(s.size());
-  const size_t off = s.size() - 3;
-  if (off) d.B = s[0];
-  d.T = s[off];
-  d.H = s[off + 1];
-  d.Dh = s[off + 2];
-  QV_CHECK(d.B >= 1 && d.T >= 1 && d.H >= 1 && d.Dh >= 1, "{}: every size must be positive, got {}",
-           name, shape_str(s));
-  return d;
+Shape stats_shape(const HeadShape& d) {
+  return d.ndim == 4 ? Shape{d.B, d.H, d.T, kRelationStatCount} : Shape{d.H, d.T, kRelationStatCount};
 }
-
-void check_float_input(const Tensor& t, const char* name) {
-  QV_CHECK(t.defined(), "{}: tensor is undefined", name);
-  check_cpu_contiguous(t, name);
-  QV_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64,
-           "{}: expected dtype F32 or F64, got {}", name, dtype_name(t.dtype()));
+Shape flow_shape(const HeadShape& d) {
+  return d.ndim == 4 ? Shape{d.B, d.H, d.T, d.T} : Shape{d.H, d.T, d.T};
 }
 
 // A tensor that must match p1 in dtype and shape.
@@ -53,10 +30,10 @@ void check_like(const Tensor& t, const Tensor& p1, const char* name) {
   check_shape(t, p1.shape(), name);
 }
 
-RelDims check_inputs(const Tensor& p1, const Tensor& p2, const Tensor& v,
+HeadShape check_inputs(const Tensor& p1, const Tensor& p2, const Tensor& v,
                      const RelationOptions& o) {
   check_float_input(p1, "p1");
-  RelDims d = rel_dims(p1.shape(), "p1");
+  HeadShape d = head_shape(p1.shape(), "p1");
   check_like(p2, p1, "p2");
   check_like(v, p1, "v");
   QV_CHECK(o.tau_s > 0 && std::isfinite(o.tau_s), "relation: tau_s must be positive and finite, got {}",
@@ -103,7 +80,7 @@ struct HeadView {
 };
 
 template <typename T>
-HeadView<T> head_view(T* data, const RelDims& d, int64_t b, int64_t h) {
+HeadView<T> head_view(T* data, const HeadShape& d, int64_t b, int64_t h) {
   return {data + (b * d.T * d.H + h) * d.Dh, d.H * d.Dh};
 }
 
@@ -125,7 +102,7 @@ struct ReferenceHead {
 // Fills U (via one T×T×Dh product) and F (the row softmax of R) for head (b, h).
 // R is formed explicitly in `R` (T×T scratch) for clarity.
 template <typename T>
-void reference_flow(const RelDims& d, HeadView<const T> p1, HeadView<const T> p2, T lambda,
+void reference_flow(const HeadShape& d, HeadView<const T> p1, HeadView<const T> p2, T lambda,
                     T tau, std::vector<T>& U, std::vector<T>& R, std::vector<T>& F) {
   const int64_t Tn = d.T;
   const T scale = T(1) / std::sqrt(T(d.Dh));
@@ -154,7 +131,7 @@ void reference_flow(const RelDims& d, HeadView<const T> p1, HeadView<const T> p2
 }
 
 template <typename T>
-void reference_forward(const RelDims& d, const T* p1, const T* p2, const T* v, T lambda,
+void reference_forward(const HeadShape& d, const T* p1, const T* p2, const T* v, T lambda,
                        const RelationOptions& o, T* y) {
   const int64_t Tn = d.T;
   parallel_for(d.B * d.H, 1, [&](int64_t begin, int64_t end) {
@@ -175,7 +152,7 @@ void reference_forward(const RelDims& d, const T* p1, const T* p2, const T* v, T
 }
 
 template <typename T>
-double reference_backward(const RelDims& d, const T* p1, const T* p2, const T* v, T lambda,
+double reference_backward(const HeadShape& d, const T* p1, const T* p2, const T* v, T lambda,
                           const T* dy, const RelationOptions& o, T* dp1, T* dp2, T* dv) {
   const int64_t Tn = d.T, Dh = d.Dh;
   const T scale = T(1) / std::sqrt(T(Dh)), tau = T(o.tau_s);
@@ -241,7 +218,7 @@ double reference_backward(const RelDims& d, const T* p1, const T* p2, const T* v
 int64_t zigzag(int64_t k, int64_t n) { return k % 2 == 0 ? k / 2 : n - 1 - k / 2; }
 
 template <typename T>
-void flash_forward(const RelDims& d, const T* p1, const T* p2, const T* v, T lambda,
+void flash_forward(const HeadShape& d, const T* p1, const T* p2, const T* v, T lambda,
                    const RelationOptions& o, T* y, T* stats) {
   const int64_t Tn = d.T, Dh = d.Dh, tile = o.tile, ntiles = (Tn + tile - 1) / tile;
   const T scale = T(1) / std::sqrt(T(Dh)), tau = T(o.tau_s);
@@ -318,7 +295,7 @@ void flash_forward(const RelDims& d, const T* p1, const T* p2, const T* v, T lam
 }
 
 template <typename T>
-double flash_backward(const RelDims& d, const T* p1, const T* p2, const T* v, T lambda,
+double flash_backward(const HeadShape& d, const T* p1, const T* p2, const T* v, T lambda,
                       const T* y, const T* stats, const T* dy, const RelationOptions& o, T* dp1,
                       T* dp2, T* dv) {
   const int64_t Tn = d.T, Dh = d.Dh, tile = o.tile;
@@ -459,7 +436,7 @@ void decode_step(const T* p1, const T* p2, const T* v, T lambda, const RelationO
 
 void relation_reference_forward(const Tensor& p1, const Tensor& p2, const Tensor& v,
                                 double lambda, Tensor& y, const RelationOptions& options) {
-  RelDims d = check_inputs(p1, p2, v, options);
+  HeadShape d = check_inputs(p1, p2, v, options);
   check_lambda(lambda);
   prepare_output(y, p1.shape(), p1.dtype(), "y");
   blas::SingleThreadScope single;
@@ -474,7 +451,7 @@ void relation_reference_forward(const Tensor& p1, const Tensor& p2, const Tensor
 double relation_reference_backward(const Tensor& p1, const Tensor& p2, const Tensor& v,
                                    double lambda, const Tensor& dy, Tensor& dp1, Tensor& dp2,
                                    Tensor& dv, const RelationOptions& options) {
-  RelDims d = check_inputs(p1, p2, v, options);
+  HeadShape d = check_inputs(p1, p2, v, options);
   check_lambda(lambda);
   check_like(dy, p1, "dy");
   prepare_output(dp1, p1.shape(), p1.dtype(), "dp1");
@@ -492,9 +469,9 @@ double relation_reference_backward(const Tensor& p1, const Tensor& p2, const Ten
 
 Tensor relation_reference_flow(const Tensor& p1, const Tensor& p2, double lambda,
                                const RelationOptions& options) {
-  RelDims d = check_inputs(p1, p2, p2, options);
+  HeadShape d = check_inputs(p1, p2, p2, options);
   check_lambda(lambda);
-  Tensor flow = Tensor::empty(d.flow_shape(), p1.dtype());
+  Tensor flow = Tensor::empty(flow_shape(d), p1.dtype());
   blas::SingleThreadScope single;
   auto run = [&](auto zero) {
     using T = decltype(zero);
@@ -519,10 +496,10 @@ Tensor relation_reference_flow(const Tensor& p1, const Tensor& p2, double lambda
 
 void flash_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v, double lambda,
                             Tensor& y, Tensor& stats, const RelationOptions& options) {
-  RelDims d = check_inputs(p1, p2, v, options);
+  HeadShape d = check_inputs(p1, p2, v, options);
   check_lambda(lambda);
   prepare_output(y, p1.shape(), p1.dtype(), "y");
-  prepare_output(stats, d.stats_shape(), p1.dtype(), "stats");
+  prepare_output(stats, stats_shape(d), p1.dtype(), "stats");
   blas::SingleThreadScope single;
   if (p1.dtype() == DType::F32)
     flash_forward<float>(d, p1.data<float>(), p2.data<float>(), v.data<float>(), float(lambda),
@@ -536,13 +513,13 @@ double flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor&
                                const Tensor& y, const Tensor& stats, const Tensor& dy,
                                Tensor& dp1, Tensor& dp2, Tensor& dv,
                                const RelationOptions& options) {
-  RelDims d = check_inputs(p1, p2, v, options);
+  HeadShape d = check_inputs(p1, p2, v, options);
   check_lambda(lambda);
   check_like(y, p1, "y");
   check_like(dy, p1, "dy");
   check_float_input(stats, "stats");
   check_dtype(stats, p1.dtype(), "stats");
-  check_shape(stats, d.stats_shape(), "stats");
+  check_shape(stats, stats_shape(d), "stats");
   prepare_output(dp1, p1.shape(), p1.dtype(), "dp1");
   prepare_output(dp2, p1.shape(), p1.dtype(), "dp2");
   prepare_output(dv, p1.shape(), p1.dtype(), "dv");
@@ -558,7 +535,7 @@ double flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor&
 }
 
 int64_t relation_reference_workspace_bytes(const Shape& p1_shape, DType dtype, bool backward) {
-  RelDims d = rel_dims(p1_shape, "p1");
+  HeadShape d = head_shape(p1_shape, "p1");
   // Forward: U, R, F; backward: U, F and G (dF, then dU), each T×T per concurrent head.
   const int64_t per_head = 3 * d.T * d.T;
   return std::min<int64_t>(num_threads(), d.B * d.H) * per_head * int64_t(dtype_size(dtype)) +
@@ -567,7 +544,7 @@ int64_t relation_reference_workspace_bytes(const Shape& p1_shape, DType dtype, b
 
 int64_t flash_relation_workspace_bytes(const Shape& p1_shape, DType dtype, bool backward,
                                        int64_t tile) {
-  RelDims d = rel_dims(p1_shape, "p1");
+  HeadShape d = head_shape(p1_shape, "p1");
   const int64_t es = int64_t(dtype_size(dtype));
   if (!backward) {
     const int64_t items = d.B * d.H * ((d.T + tile - 1) / tile);
