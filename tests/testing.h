@@ -73,13 +73,14 @@ inline double dot(const Tensor& out, const Tensor& weight) {
 // Path of the built CLI, for tests that run it.
 inline std::string cli_path() { return QUIVER_CLI_PATH; }
 
-// A scratch directory unique to this process and name, removed on destruction.
+// A fresh scratch directory (mkdtemp), removed with everything in it on destruction.
 class ScratchDir {
  public:
-  explicit ScratchDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() / fmt::format("quiver_{}_{}", name, ::getpid())) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
+  explicit ScratchDir(const std::string& name = "test") {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / fmt::format("quiver_{}_XXXXXX", name)).string();
+    QV_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a scratch directory {}", pattern);
+    path_ = pattern;
   }
   ~ScratchDir() {
     std::error_code ec;
@@ -88,6 +89,7 @@ class ScratchDir {
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string operator/(const std::string& name) const { return file(name); }
   const std::filesystem::path& path() const { return path_; }
 
  private:
