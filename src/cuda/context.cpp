@@ -1,0 +1,46 @@
+#include "cuda/context.h"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuda/check.h"
+#include "quiver/error.h"
+
+namespace quiver::cuda {
+
+void throw_cublas_error(int status, const char* call, const char* file, int line) {
+  const auto s = static_cast<cublasStatus_t>(status);
+  fail("cuBLAS error {} ({}: {}) in {} at {}:{}", status, cublasLtGetStatusName(s),
+       cublasLtGetStatusString(s), call, file, line);
+}
+
+Context::Context(int device) : device_(device) {
+  int previous = 0;
+  QV_CUDA_CHECK(cudaGetDevice(&previous));
+  QV_CUDA_CHECK(cudaSetDevice(device));
+  QV_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  QV_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  QV_CUDA_CHECK(cudaSetDevice(previous));
+}
+
+// Unchecked on purpose: at exit the CUDA runtime may already be shutting down, and a
+// destructor must not throw.
+Context::~Context() {
+  if (workspace_) cudaFree(workspace_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+Context& context() {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<Context>> contexts;  // indexed by device ordinal
+  int device = 0;
+  QV_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<size_t>(device) >= contexts.size()) contexts.resize(static_cast<size_t>(device) + 1);
+  auto& slot = contexts[static_cast<size_t>(device)];
+  if (!slot) slot = std::make_unique<Context>(device);
+  return *slot;
+}
+
+}  // namespace quiver::cuda

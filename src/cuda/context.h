@@ -1,0 +1,50 @@
+// Per-device CUDA context: the cuBLASLt handle and the GEMM workspace, created lazily on first
+// use of a device and destroyed at program exit.
+//
+// Contract: the workspace is shared by every GEMM on the device, whatever the stream. GEMMs on
+// one stream are ordered, so sharing is safe there; callers that run GEMMs on several streams
+// concurrently must order those streams (an event) or the GEMMs may corrupt each other's
+// workspace. Creating the context allocates (cudaMalloc), which a CUDA graph capture forbids:
+// call context() (or run one GEMM of each shape) before capturing.
+#pragma once
+#include <cstddef>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+namespace quiver::cuda {
+
+// Throws quiver::Error naming the cuBLAS status, the call and the place.
+[[noreturn]] void throw_cublas_error(int status, const char* call, const char* file, int line);
+
+class Context {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  explicit Context(int device);  // makes `device` current while creating its resources
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const { return device_; }
+  cublasLtHandle_t lt() const { return lt_; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return kWorkspaceBytes; }
+
+ private:
+  int device_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+};
+
+// The context of the current device (cudaGetDevice), created on first call. Thread-safe.
+Context& context();
+
+}  // namespace quiver::cuda
+
+#define QV_CUBLAS_CHECK(call)                                                               \
+  do {                                                                                      \
+    cublasStatus_t status_ = (call);                                                        \
+    if (status_ != CUBLAS_STATUS_SUCCESS)                                                   \
+      ::quiver::cuda::throw_cublas_error(static_cast<int>(status_), #call, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,193 @@
+// Kernels of the element-wise ops: bf16 <-> fp32 conversion, embedding, RoPE, SwiGLU, GELU.
+// Storage is bf16 (uint16_t bit patterns), arithmetic fp32 (RoPE angles in fp64, as the CPU
+// reference evaluates them). Simple grid-stride kernels; tuning comes later.
+#include "cuda/check.h"
+#include "cuda/elementwise_launch.h"
+
+namespace quiver::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void f32_to_bf16_kernel(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = bf16_round(src[i]);
+}
+
+__global__ void bf16_to_f32_kernel(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = bf16_load(src[i]);
+}
+
+// Token ids are not checked here: the launcher cannot see device memory without a host
+// sync, so the trainer validates ids on the host before uploading them.
+__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t n, const float* table,
+                                         int64_t width, uint16_t* out) {
+  const int64_t total = n * width;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = k / width, d = k - i * width;
+    out[k] = bf16_round(table[static_cast<int64_t>(tokens[i]) * width + d]);
+  }
+}
+
+// fp32 atomics: the order of the additions into one table row varies between runs, so the
+// last bits of a repeated token's gradient may too.
+__global__ void embedding_backward_kernel(const int32_t* tokens, int64_t n, const uint16_t* dout,
+                                          int64_t width, float* dtable) {
+  const int64_t total = n * width;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = k / width, d = k - i * width;
+    atomicAdd(dtable + static_cast<int64_t>(tokens[i]) * width + d, bf16_load(dout[k]));
+  }
+}
+
+// One thread per (batch, position, pair i): the angle's cos/sin are computed once in fp64
+// and applied to the pair (i, i + half) of every head.
+__global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq,
+                            int64_t heads, int64_t head_dim, int64_t pos0, double base,
+                            double sign) {
+  const int64_t half = head_dim / 2;
+  const int64_t total = batch * seq * half;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = k / half, i = k - row * half;  // row = b * seq + t
+    const int64_t t = row % seq;
+    const double inv_freq =
+        pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    double s, c;
+    sincos(static_cast<double>(pos0 + t) * inv_freq, &s, &c);
+    const float cf = static_cast<float>(c), sf = static_cast<float>(sign * s);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base_index = (row * heads + h) * head_dim;
+      const float a = bf16_load(x[base_index + i]), b = bf16_load(x[base_index + i + half]);
+      y[base_index + i] = bf16_round(a * cf - b * sf);
+      y[base_index + i + half] = bf16_round(a * sf + b * cf);
+    }
+  }
+}
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+__global__ void swiglu_forward_kernel(const uint16_t* gate, const uint16_t* up, uint16_t* out,
+                                      int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = bf16_load(gate[i]);
+    out[i] = bf16_round(g * sigmoid(g) * bf16_load(up[i]));
+  }
+}
+
+// dgate = dout · up · σ(g)(1 + g(1 − σ(g))), dup = dout · silu(g).
+__global__ void swiglu_backward_kernel(const uint16_t* dout, const uint16_t* gate,
+                                       const uint16_t* up, uint16_t* dgate, uint16_t* dup,
+                                       int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = bf16_load(gate[i]), s = sigmoid(g), d = bf16_load(dout[i]);
+    dgate[i] = bf16_round(d * bf16_load(up[i]) * s * (1.0f + g * (1.0f - s)));
+    dup[i] = bf16_round(d * g * s);
+  }
+}
+
+// GELU (tanh approximation) through ½(1 + tanh u) = σ(2u), as src/ops/activation.cpp.
+constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ __forceinline__ float gelu_gate(float v) {
+  return sigmoid(2.0f * kGeluScale * (v + kGeluCubic * v * v * v));
+}
+
+__global__ void gelu_forward_kernel(const uint16_t* x, uint16_t* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = bf16_load(x[i]);
+    y[i] = bf16_round(v * gelu_gate(v));
+  }
+}
+
+__global__ void gelu_backward_kernel(const uint16_t* dy, const uint16_t* x, uint16_t* dx,
+                                     int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = bf16_load(x[i]);
+    const float s = gelu_gate(v);
+    const float spread = s * (1.0f - s);
+    // Where the gate has saturated, spread = 0 and v² may have overflowed: skip the 0 · ∞.
+    const float curvature =
+        spread == 0.0f ? 0.0f : 2.0f * v * spread * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    dx[i] = bf16_round(bf16_load(dy[i]) * (s + curvature));
+  }
+}
+
+}  // namespace
+
+void launch_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(src, dst, n);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  bf16_to_f32_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(src, dst, n);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_embedding_forward(const int32_t* tokens, int64_t n, const float* table, int64_t width,
+                              uint16_t* out, cudaStream_t stream) {
+  if (n * width == 0) return;
+  embedding_forward_kernel<<<grid_for(n * width, kThreads), kThreads, 0, stream>>>(
+      tokens, n, table, width, out);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_embedding_backward(const int32_t* tokens, int64_t n, const uint16_t* dout,
+                               int64_t width, float* dtable, cudaStream_t stream) {
+  if (n * width == 0) return;
+  embedding_backward_kernel<<<grid_for(n * width, kThreads), kThreads, 0, stream>>>(
+      tokens, n, dout, width, dtable);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int64_t heads,
+                 int64_t head_dim, int64_t pos0, double base, bool inverse, cudaStream_t stream) {
+  const int64_t total = batch * seq * (head_dim / 2);
+  if (total == 0 || heads == 0) return;
+  rope_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+      x, y, batch, seq, heads, head_dim, pos0, base, inverse ? -1.0 : 1.0);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_swiglu_forward(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
+                           cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, out, n);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_swiglu_backward(const uint16_t* dout, const uint16_t* gate, const uint16_t* up,
+                            uint16_t* dgate, uint16_t* dup, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dout, gate, up, dgate,
+                                                                         dup, n);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_gelu_forward(const uint16_t* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_gelu_backward(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dy, x, dx, n);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace quiver::cuda::detail

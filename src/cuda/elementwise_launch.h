@@ -1,0 +1,107 @@
+// Internal: kernel launchers of the element-wise and row-wise ops (src/cuda/ops.h). They take
+// raw device pointers, assume the shapes were checked by the entry points (elementwise.cpp),
+// launch on `stream` and check the launch. bf16 buffers are passed as uint16_t (the bit
+// pattern of quiver::bf16). No launcher synchronizes the host.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace quiver::cuda::detail {
+
+// bf16 <-> fp32, n elements; rounding as quiver::float_to_bf16 (nearest even, NaN stays NaN).
+void launch_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream);
+void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
+
+// out[i, :] = bf16(table[tokens[i], :]); table [V, D] fp32, out [n, D] bf16.
+void launch_embedding_forward(const int32_t* tokens, int64_t n, const float* table, int64_t width,
+                              uint16_t* out, cudaStream_t stream);
+// dtable[tokens[i], :] += dout[i, :] with fp32 atomicAdd.
+void launch_embedding_backward(const int32_t* tokens, int64_t n, const uint16_t* dout,
+                               int64_t width, float* dtable, cudaStream_t stream);
+
+// Norms over rows of width D; x, y, dy, dx bf16 [rows, D]; mean, rstd fp32 [rows];
+// weight/bias are fp32 (weight_bf16 false) or bf16 (true); dweight/dbias fp32, accumulated.
+// bias/mean/dbias are null for RMSNorm.
+void launch_norm_forward(const uint16_t* x, const void* weight, const void* bias, bool weight_bf16,
+                         float eps, int64_t rows, int64_t width, uint16_t* y, float* mean,
+                         float* rstd, cudaStream_t stream);
+void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* weight,
+                          bool weight_bf16, const float* mean, const float* rstd, int64_t rows,
+                          int64_t width, uint16_t* dx, float* dweight, float* dbias,
+                          cudaStream_t stream);
+
+// RoPE on contiguous bf16 [batch, seq, heads, head_dim]; y may equal x.
+void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int64_t heads,
+                 int64_t head_dim, int64_t pos0, double base, bool inverse, cudaStream_t stream);
+
+// Activations over n bf16 elements.
+void launch_swiglu_forward(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
+                           cudaStream_t stream);
+void launch_swiglu_backward(const uint16_t* dout, const uint16_t* gate, const uint16_t* up,
+                            uint16_t* dgate, uint16_t* dup, int64_t n, cudaStream_t stream);
+void launch_gelu_forward(const uint16_t* x, uint16_t* y, int64_t n, cudaStream_t stream);
+void launch_gelu_backward(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n,
+                          cudaStream_t stream);
+
+// Cross-entropy over bf16 logits [rows, vocab]; see cuda::cross_entropy in ops.h.
+// dlogits may be null. loss_mean is one fp32 (it holds the count of counted rows between the
+// kernels of one call).
+void launch_cross_entropy(const uint16_t* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, float scale, float* row_loss, uint16_t* dlogits,
+                          float* loss_mean, cudaStream_t stream);
+
+// A segment of the flat parameter buffer as the device sees it (sorted by offset, disjoint).
+struct SegmentDesc {
+  int64_t offset;
+  int64_t numel;
+  int32_t decay;
+  int32_t trainable;
+};
+
+// Fixed grid of the gradient-norm reduction: its partial sums need this many doubles.
+inline constexpr int kGradNormBlocks = 264;
+// Scratch the gradient-norm launch needs: kGradNormBlocks partials, then norm and scale.
+inline constexpr int kGradNormScratch = kGradNormBlocks + 2;
+
+// Deterministic global norm over the trainable segments in [0, extent): writes norm (fp32) to
+// norm_out[0], and scales the trainable grads by max_norm / norm when max_norm > 0 and
+// norm > max_norm. scratch holds kGradNormScratch doubles.
+void launch_grad_norm_clip(float* grads, const SegmentDesc* segments, int num_segments,
+                           int64_t extent, double max_norm, double* scratch, float* norm_out,
+                           cudaStream_t stream);
+
+// One AdamW update over the trainable segments; the constants are computed on the host in
+// double exactly as train::AdamW::step does.
+struct AdamWConstants {
+  double beta1, beta2, eps;
+  double step_size;     // lr / (1 − β1^t)
+  double bc2_sqrt;      // √(1 − β2^t)
+  double decay_factor;  // 1 − lr·wd
+};
+void launch_adamw(float* params, const float* grads, float* m, float* v,
+                  const SegmentDesc* segments, int num_segments, int64_t extent,
+                  const AdamWConstants& c, cudaStream_t stream);
+
+#ifdef __CUDACC__
+// Device helpers shared by the .cu files: bf16 bits <-> float, bit-exact with quiver::dtype.h.
+__device__ __forceinline__ float bf16_load(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+__device__ __forceinline__ uint16_t bf16_round(float value) {
+  const uint32_t u = __float_as_uint(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);  // nearest, ties to even
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+__device__ __forceinline__ float param_load(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float param_load(const uint16_t* p, int64_t i) { return bf16_load(p[i]); }
+
+// Grid size for a grid-stride loop over n items: enough blocks to fill the GPU, capped.
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+}
+#endif
+
+}  // namespace quiver::cuda::detail
