@@ -1,0 +1,339 @@
+// The GPU algebraic projection (algproj.h): host-side checks, the rectangle decomposition
+// (the algorithm of ops::AlgProj, repeated here because the CPU class keeps its rectangles
+// private), and the schedule of cuda::gemm products, gathers and scatter-adds.
+#include "cuda/algproj.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "cuda/algproj_launch.h"
+#include "cuda/check.h"
+#include "cuda/elementwise_launch.h"
+#include "cuda/gemm.h"
+#include "quiver/error.h"
+
+namespace quiver::cuda {
+
+using algebra::GroupWidths;
+using algebra::Law;
+
+namespace {
+
+using Rect = AlgProj::Rect;
+using Mask = std::vector<char>;  // q*q, index β*q + δ
+
+// Cuts a (β, δ) mask into rectangles: runs of δ per β, then consecutive β with the same
+// runs merged (identical to ops::AlgProj's decomposition). The rectangles are disjoint.
+std::vector<Rect> rectangles(const Mask& mask, int q) {
+  std::vector<Rect> out;
+  std::vector<std::pair<int, int>> prev_runs;
+  int prev_begin = -1;
+  auto flush = [&](int end) {
+    if (prev_begin >= 0)
+      for (auto [d0, d1] : prev_runs) out.push_back({prev_begin, end, d0, d1});
+  };
+  for (int b = 0; b < q; ++b) {
+    std::vector<std::pair<int, int>> runs;
+    for (int d = 0; d < q;) {
+      if (!mask[b * q + d]) {
+        ++d;
+        continue;
+      }
+      int start = d;
+      while (d < q && mask[b * q + d]) ++d;
+      runs.emplace_back(start, d);
+    }
+    if (prev_begin >= 0 && runs == prev_runs) continue;
+    flush(b);
+    prev_runs = std::move(runs);
+    prev_begin = prev_runs.empty() ? -1 : b;
+  }
+  flush(q);
+  return out;
+}
+
+// The rows of one type: used in place when they form an arithmetic progression, else
+// gathered (their indices then sit at index_offset in the uploaded index buffer).
+struct RowSet {
+  std::vector<int64_t> rows;
+  int64_t stride = 1;
+  bool progression = true;
+  int64_t index_offset = 0;
+};
+
+std::vector<RowSet> group_rows(const std::vector<int>& row_types, int q, ops::RowAccess access) {
+  std::vector<RowSet> sets(q);
+  for (size_t m = 0; m < row_types.size(); ++m) {
+    const int t = row_types[m];
+    QV_CHECK(t >= 0 && t < q, "algproj: row {} has type {}, outside [0, {})", m, t, q);
+    sets[t].rows.push_back(static_cast<int64_t>(m));
+  }
+  for (RowSet& s : sets) {
+    if (s.rows.size() >= 2) s.stride = s.rows[1] - s.rows[0];
+    for (size_t i = 2; i < s.rows.size() && s.progression; ++i)
+      s.progression = s.rows[i] - s.rows[i - 1] == s.stride;
+    if (access == ops::RowAccess::Gather && s.stride != 1) s.progression = false;
+  }
+  return sets;
+}
+
+void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* name) {
+  QV_CHECK(t.defined(), "algproj: {} is undefined", name);
+  QV_CHECK(t.device() == Device::CUDA && t.is_contiguous(),
+           "algproj: {} must be a contiguous CUDA tensor (shape {}, device {})", name,
+           shape_str(t.shape()), quiver::device_name(t.device()));
+  QV_CHECK(t.dtype() == dtype, "algproj: {}: expected dtype {}, got {}", name, dtype_name(dtype),
+           dtype_name(t.dtype()));
+  QV_CHECK(t.shape() == shape, "algproj: {}: expected shape {}, got {}", name, shape_str(shape),
+           shape_str(t.shape()));
+}
+
+void check_inputs(const Tensor& x, const Tensor& w, int64_t K, int64_t N, size_t types) {
+  QV_CHECK(x.defined() && x.ndim() == 2, "algproj: x must be [M, K], got {}",
+           x.defined() ? shape_str(x.shape()) : std::string("undefined"));
+  check_tensor(x, {x.dim(0), K}, DType::BF16, "x");
+  check_tensor(w, {K, N}, DType::BF16, "w");
+  QV_CHECK(static_cast<int64_t>(types) == x.dim(0), "algproj: row_types: {} entries for {} rows",
+           types, x.dim(0));
+}
+
+// A device buffer of at least `bytes`, reallocated (cudaFree synchronizes, so an old buffer
+// still read by queued work is never freed under it) only when too small.
+void* ensure(Tensor& buf, size_t bytes) {
+  if (!buf.defined() || buf.nbytes() < bytes) {
+    const int64_t words = static_cast<int64_t>((bytes + 7) / 8);
+    buf = Tensor::empty({std::max<int64_t>(words, 1)}, DType::F64, Device::CUDA);
+  }
+  return buf.raw();
+}
+
+// Zeroes columns [c0, c1) of a rows × ld matrix (elements of es bytes; 0 bits are 0 in bf16
+// and fp32).
+void zero_columns(void* base, size_t es, int64_t rows, int64_t ld, int64_t c0, int64_t c1,
+                  cudaStream_t stream) {
+  if (rows == 0 || c1 <= c0) return;
+  QV_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(base) + c0 * es, ld * es, 0, (c1 - c0) * es,
+                                  rows, stream));
+}
+
+// One projection pass, forward (out groups δ, in = x) or dX (out groups β, in = dy):
+// out[rows, :] = Σ over rectangles of in[rows, in groups] · (block of W or Wᵀ).
+struct Pass {
+  bool out_is_delta;
+  const uint16_t* in;  // [M, in_cols] bf16
+  int64_t in_cols, out_cols;
+  const uint16_t* w;  // [K, N] bf16
+  const std::vector<int64_t>* ko;
+  const std::vector<int64_t>* no;
+  int64_t N;
+
+  int g0(const Rect& r) const { return out_is_delta ? r.d0 : r.b0; }
+  int g1(const Rect& r) const { return out_is_delta ? r.d1 : r.b1; }
+  const std::vector<int64_t>& out_off() const { return out_is_delta ? *no : *ko; }
+
+  // C[rows, out cols of r] (+)= A[rows, in cols of r] · block(r); A and C point at row 0.
+  void product(const Rect& r, int64_t rows, const uint16_t* A, int64_t lda, void* C,
+               DType c_type, int64_t ldc, float beta, cudaStream_t stream) const {
+    const int64_t k0 = (*ko)[r.b0], kw = (*ko)[r.b1] - k0;
+    const int64_t n0 = (*no)[r.d0], nw = (*no)[r.d1] - n0;
+    const size_t es = dtype_size(c_type);
+    const uint16_t* block = w + k0 * N + n0;
+    if (out_is_delta)  // y[:, δ] += x[:, β] W_βδ
+      gemm(false, false, rows, nw, kw, 1.0f, A + k0, DType::BF16, lda, block, DType::BF16, N,
+           beta, static_cast<char*>(C) + n0 * es, c_type, ldc, stream);
+    else  // dx[:, β] += dy[:, δ] W_βδᵀ
+      gemm(false, true, rows, kw, nw, 1.0f, A + n0, DType::BF16, lda, block, DType::BF16, N,
+           beta, static_cast<char*>(C) + k0 * es, c_type, ldc, stream);
+  }
+
+  // Runs rects over `rows` rows into C (row stride ldc): the first product to reach an
+  // output group assigns it (beta 0), later ones accumulate; groups no rectangle reaches
+  // are zeroed. Afterwards every element of C's rows is defined.
+  void assign(const std::vector<Rect>& rects, int q, int64_t rows, const uint16_t* A,
+              int64_t lda, void* C, DType c_type, int64_t ldc, cudaStream_t stream) const {
+    const std::vector<int64_t>& off = out_off();
+    const size_t es = dtype_size(c_type);
+    std::vector<char> written(q, 0);
+    for (const Rect& r : rects) {
+      int fresh = 0;
+      for (int g = g0(r); g < g1(r); ++g) fresh += !written[g];
+      const bool first = fresh == g1(r) - g0(r);
+      if (!first && fresh > 0)
+        for (int g = g0(r); g < g1(r); ++g)
+          if (!written[g]) zero_columns(C, es, rows, ldc, off[g], off[g + 1], stream);
+      product(r, rows, A, lda, C, c_type, ldc, first ? 0.0f : 1.0f, stream);
+      for (int g = g0(r); g < g1(r); ++g) written[g] = 1;
+    }
+    for (int g = 0; g < q; ++g)
+      if (!written[g]) zero_columns(C, es, rows, ldc, off[g], off[g + 1], stream);
+  }
+};
+
+// Concatenates the row indices of the gathered types, records their offsets and uploads them.
+// Returns the device array (null when nothing is gathered).
+const int64_t* upload_gathered(std::vector<RowSet>& sets,
+                               const std::vector<std::vector<Rect>>& per_type, Tensor& buf,
+                               cudaStream_t stream) {
+  std::vector<int64_t> all;
+  for (size_t a = 0; a < sets.size(); ++a) {
+    RowSet& s = sets[a];
+    if (s.rows.empty() || per_type[a].empty() || s.progression) continue;
+    s.index_offset = static_cast<int64_t>(all.size());
+    all.insert(all.end(), s.rows.begin(), s.rows.end());
+  }
+  if (all.empty()) return nullptr;
+  void* dev = ensure(buf, all.size() * sizeof(int64_t));
+  // Pageable source: the copy is staged before this returns, so `all` may die afterwards.
+  QV_CUDA_CHECK(cudaMemcpyAsync(dev, all.data(), all.size() * sizeof(int64_t),
+                                cudaMemcpyHostToDevice, stream));
+  return static_cast<const int64_t*>(dev);
+}
+
+bool any_type_products(const std::vector<RowSet>& sets,
+                       const std::vector<std::vector<Rect>>& per_type) {
+  for (size_t a = 0; a < sets.size(); ++a)
+    if (!sets[a].rows.empty() && !per_type[a].empty()) return true;
+  return false;
+}
+
+}  // namespace
+
+AlgProj::AlgProj(Law law, GroupWidths widths, ops::RowAccess access)
+    : law_(std::move(law)), widths_(std::move(widths)), access_(access) {
+  const int q = law_.q();
+  widths_.validate(q);
+  k_off_ = widths_.in_offsets();
+  n_off_ = widths_.out_offsets();
+  Mask shared(static_cast<size_t>(q) * q, 1);
+  std::vector<Mask> own(q, Mask(static_cast<size_t>(q) * q, 0));
+  for (int a = 0; a < q; ++a)
+    for (int d = 0; d < q; ++d)
+      for (int b : law_.support(a, d)) own[a][b * q + d] = 1;
+  for (int a = 0; a < q; ++a)
+    for (size_t i = 0; i < shared.size(); ++i) shared[i] &= own[a][i];
+  shared_cover_all_ = std::all_of(shared.begin(), shared.end(), [](char c) { return c != 0; });
+  shared_ = rectangles(shared, q);
+  per_type_.resize(q);
+  for (int a = 0; a < q; ++a) {
+    for (size_t i = 0; i < shared.size(); ++i) own[a][i] &= !shared[i];
+    per_type_[a] = rectangles(own[a], q);
+  }
+}
+
+namespace {
+
+// The whole pass into a bf16 output out [M, out_cols] (assigned).
+void run_pass(const Pass& p, int q, int64_t M, const std::vector<Rect>& shared,
+              const std::vector<std::vector<Rect>>& per_type, std::vector<RowSet>& sets,
+              uint16_t* out, Tensor& acc_buf, Tensor& part_buf, Tensor& rows_buf,
+              Tensor& index_buf, cudaStream_t stream) {
+  const int64_t oc = p.out_cols, ic = p.in_cols;
+  // Direct: no per-type product runs and no output group is reached twice, so each output
+  // element is one product, rounded to bf16 once by the GEMM itself.
+  bool direct = !any_type_products(sets, per_type);
+  if (direct) {
+    std::vector<int> reach(q, 0);
+    for (const Rect& r : shared)
+      for (int g = p.g0(r); g < p.g1(r); ++g) direct = direct && ++reach[g] == 1;
+  }
+  if (direct) {
+    p.assign(shared, q, M, p.in, ic, out, DType::BF16, oc, stream);
+    return;
+  }
+  // Otherwise sum every product in fp32 and round once at the end.
+  auto* acc = static_cast<float*>(ensure(acc_buf, M * oc * sizeof(float)));
+  p.assign(shared, q, M, p.in, ic, acc, DType::F32, oc, stream);
+  const int64_t* indices = upload_gathered(sets, per_type, index_buf, stream);
+  for (int a = 0; a < q; ++a) {
+    const RowSet& s = sets[a];
+    const int64_t m = static_cast<int64_t>(s.rows.size());
+    if (m == 0 || per_type[a].empty()) continue;
+    if (s.progression) {
+      const int64_t r0 = s.rows[0];
+      for (const Rect& r : per_type[a])
+        p.product(r, m, p.in + r0 * ic, s.stride * ic, acc + r0 * oc, DType::F32, s.stride * oc,
+                  1.0f, stream);
+    } else {
+      const int64_t* idx = indices + s.index_offset;
+      auto* rows = static_cast<uint16_t*>(ensure(rows_buf, m * ic * sizeof(uint16_t)));
+      auto* part = static_cast<float*>(ensure(part_buf, m * oc * sizeof(float)));
+      detail::launch_gather_rows_bf16(p.in, ic, idx, m, rows, stream);
+      p.assign(per_type[a], q, m, rows, ic, part, DType::F32, oc, stream);
+      detail::launch_scatter_add_rows_f32(part, oc, idx, m, acc, stream);
+    }
+  }
+  detail::launch_f32_to_bf16(acc, out, M * oc, stream);
+}
+
+}  // namespace
+
+void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
+                      Tensor& y, cudaStream_t stream) const {
+  check_inputs(x, w, K(), N(), row_types.size());
+  const int64_t M = x.dim(0);
+  check_tensor(y, {M, N()}, DType::BF16, "y");
+  std::vector<RowSet> sets = group_rows(row_types, law_.q(), access_);
+  if (M == 0) return;
+  const Pass p{true, static_cast<const uint16_t*>(x.raw()), K(), N(),
+               static_cast<const uint16_t*>(w.raw()), &k_off_, &n_off_, N()};
+  run_pass(p, law_.q(), M, shared_, per_type_, sets, static_cast<uint16_t*>(y.raw()),
+           scratch_.acc, scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+}
+
+void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                       const std::vector<int>& row_types, Tensor* dx, Tensor* dw,
+                       cudaStream_t stream) const {
+  check_inputs(x, w, K(), N(), row_types.size());
+  const int64_t M = x.dim(0), K = this->K(), N = this->N();
+  check_tensor(dy, {M, N}, DType::BF16, "dy");
+  if (dx) check_tensor(*dx, {M, K}, DType::BF16, "dx");
+  if (dw) check_tensor(*dw, {K, N}, DType::F32, "dw");
+  const int q = law_.q();
+  std::vector<RowSet> sets = group_rows(row_types, q, access_);
+  const auto* X = static_cast<const uint16_t*>(x.raw());
+  const auto* W = static_cast<const uint16_t*>(w.raw());
+  const auto* DY = static_cast<const uint16_t*>(dy.raw());
+
+  // dX[:, β] = Σ dY[:, δ] W_βδᵀ: the forward's pass with the roles of the groups swapped.
+  if (dx && M > 0) {
+    const Pass p{false, DY, N, K, W, &k_off_, &n_off_, N};
+    run_pass(p, q, M, shared_, per_type_, sets, static_cast<uint16_t*>(dx->raw()), scratch_.acc,
+             scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+  }
+  if (!dw) return;
+  // dW_βδ = Σ_rows X[:, β]ᵀ dY[:, δ], in fp32 directly. The shared rectangles are disjoint:
+  // when they tile the whole grid (and rows exist) each assigns its block; otherwise dw is
+  // cleared first and every product accumulates (per-type blocks may overlap each other).
+  auto* DW = static_cast<float*>(dw->raw());
+  const bool assign_shared = shared_cover_all_ && M > 0;
+  if (!assign_shared) QV_CUDA_CHECK(cudaMemsetAsync(DW, 0, K * N * sizeof(float), stream));
+  if (M == 0) return;
+  auto dw_product = [&](const Rect& r, int64_t m, const uint16_t* Xa, int64_t ldx,
+                        const uint16_t* DYa, int64_t ldy, float beta) {
+    const int64_t k0 = k_off_[r.b0], kw = k_off_[r.b1] - k0;
+    const int64_t n0 = n_off_[r.d0], nw = n_off_[r.d1] - n0;
+    gemm(true, false, kw, nw, m, 1.0f, Xa + k0, DType::BF16, ldx, DYa + n0, DType::BF16, ldy, beta,
+         DW + k0 * N + n0, DType::F32, N, stream);
+  };
+  for (const Rect& r : shared_) dw_product(r, M, X, K, DY, N, assign_shared ? 0.0f : 1.0f);
+  const int64_t* indices = upload_gathered(sets, per_type_, scratch_.indices, stream);
+  for (int a = 0; a < q; ++a) {
+    const RowSet& s = sets[a];
+    const int64_t m = static_cast<int64_t>(s.rows.size());
+    if (m == 0 || per_type_[a].empty()) continue;
+    if (s.progression) {
+      const int64_t r0 = s.rows[0];
+      for (const Rect& r : per_type_[a])
+        dw_product(r, m, X + r0 * K, s.stride * K, DY + r0 * N, s.stride * N, 1.0f);
+    } else {
+      const int64_t* idx = indices + s.index_offset;
+      auto* xs = static_cast<uint16_t*>(ensure(scratch_.rows_a, m * K * sizeof(uint16_t)));
+      auto* dys = static_cast<uint16_t*>(ensure(scratch_.rows_b, m * N * sizeof(uint16_t)));
+      detail::launch_gather_rows_bf16(X, K, idx, m, xs, stream);
+      detail::launch_gather_rows_bf16(DY, N, idx, m, dys, stream);
+      for (const Rect& r : per_type_[a]) dw_product(r, m, xs, K, dys, N, 1.0f);
+    }
+  }
+}
+
+}  // namespace quiver::cuda

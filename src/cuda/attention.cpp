@@ -1,0 +1,129 @@
+// Entry points of the GPU flash attention (attention.h): host-side shape and dtype checks with
+// named errors, then the launcher instantiated for the head width rounded up to a multiple of
+// 16 (attention_launch.h).
+#include "cuda/attention.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "cuda/attention_launch.h"
+#include "cuda/check.h"
+#include "ops/head_shape.h"
+
+namespace quiver::cuda {
+namespace {
+
+constexpr const char* kForward = "cuda::attention_forward";
+constexpr const char* kBackward = "cuda::attention_backward";
+
+void check_input(const Tensor& t, DType dtype, const Shape& shape, const char* op,
+                 const char* name) {
+  QV_CHECK(t.defined(), "{}: {} is undefined", op, name);
+  QV_CHECK(t.device() == Device::CUDA && t.is_contiguous(),
+           "{}: {} must be a contiguous CUDA tensor (shape {}, device {})", op, name,
+           shape_str(t.shape()), quiver::device_name(t.device()));
+  QV_CHECK(t.dtype() == dtype, "{}: {}: expected dtype {}, got {}", op, name, dtype_name(dtype),
+           dtype_name(t.dtype()));
+  QV_CHECK(t.shape() == shape, "{}: {}: expected shape {}, got {}", op, name, shape_str(shape),
+           shape_str(t.shape()));
+}
+
+// An undefined output is allocated; a given one must have the stated shape and dtype.
+void prepare_output(Tensor& t, DType dtype, const Shape& shape, const char* op,
+                    const char* name) {
+  if (!t.defined()) {
+    t = Tensor::empty(shape, dtype, Device::CUDA);
+    return;
+  }
+  check_input(t, dtype, shape, op, name);
+}
+
+struct Problem {
+  detail::AttentionDims dims;
+  Shape q_shape, kv_shape, lse_shape;
+};
+
+Problem check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  QV_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined", op);
+  const ops::HeadShape hq = ops::head_shape(q.shape(), "q");
+  const ops::HeadShape hk = ops::head_shape(k.shape(), "k");
+  QV_CHECK(k.ndim() == q.ndim() && hk.B == hq.B && hk.T == hq.T && hk.Dh == hq.Dh &&
+               hq.H % hk.H == 0,
+           "{}: k: expected the batch, time and head width of q {} with a divisor of its {} "
+           "heads, got {}",
+           op, shape_str(q.shape()), hq.H, shape_str(k.shape()));
+  QV_CHECK(hq.Dh <= detail::kAttentionMaxHeadDim, "{}: head width {} exceeds the supported {}",
+           op, hq.Dh, detail::kAttentionMaxHeadDim);
+  const int64_t grid_limit = 65535;  // gridDim.y (heads) and gridDim.z (batch)
+  QV_CHECK(hq.H <= grid_limit && hq.B <= grid_limit, "{}: {} heads and batch {} exceed {}", op,
+           hq.H, hq.B, grid_limit);
+  QV_CHECK(hq.T <= std::numeric_limits<int32_t>::max(), "{}: T = {} is too long", op, hq.T);
+  Problem pr{{hq.B, hq.T, hq.H, hk.H, hq.Dh}, q.shape(), k.shape(), {}};
+  pr.lse_shape = q.ndim() == 4 ? Shape{hq.B, hq.H, hq.T} : Shape{hq.H, hq.T};
+  check_input(q, DType::BF16, pr.q_shape, op, "q");
+  check_input(k, DType::BF16, pr.kv_shape, op, "k");
+  check_input(v, DType::BF16, pr.kv_shape, op, "v");
+  return pr;
+}
+
+const uint16_t* bf16_in(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
+uint16_t* bf16_out(Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
+
+// The instantiation for Dh rounded up to a multiple of kAttentionPadStep.
+template <class Args, class Launch>
+void dispatch_head_width(int64_t Dh, const Args& args, cudaStream_t stream, Launch launch) {
+  switch ((Dh + detail::kAttentionPadStep - 1) / detail::kAttentionPadStep) {
+    case 1: return launch.template operator()<16>(args, stream);
+    case 2: return launch.template operator()<32>(args, stream);
+    case 3: return launch.template operator()<48>(args, stream);
+    case 4: return launch.template operator()<64>(args, stream);
+    case 5: return launch.template operator()<80>(args, stream);
+    case 6: return launch.template operator()<96>(args, stream);
+    case 7: return launch.template operator()<112>(args, stream);
+    case 8: return launch.template operator()<128>(args, stream);
+    default: fail("cuda::attention: unsupported head width {}", Dh);
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& y, Tensor& lse,
+                       cudaStream_t stream) {
+  const Problem pr = check_qkv(q, k, v, kForward);
+  prepare_output(y, DType::BF16, pr.q_shape, kForward, "y");
+  prepare_output(lse, DType::F32, pr.lse_shape, kForward, "lse");
+  const detail::AttentionForwardArgs args{pr.dims,      bf16_in(q), bf16_in(k), bf16_in(v),
+                                          bf16_out(y), static_cast<float*>(lse.raw())};
+  dispatch_head_width(pr.dims.Dh, args, stream,
+                      []<int P>(const detail::AttentionForwardArgs& a, cudaStream_t s) {
+                        detail::launch_attention_forward<P>(a, s);
+                      });
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
+                        const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv,
+                        cudaStream_t stream) {
+  const Problem pr = check_qkv(q, k, v, kBackward);
+  check_input(y, DType::BF16, pr.q_shape, kBackward, "y");
+  check_input(lse, DType::F32, pr.lse_shape, kBackward, "lse");
+  check_input(dy, DType::BF16, pr.q_shape, kBackward, "dy");
+  prepare_output(dq, DType::BF16, pr.q_shape, kBackward, "dq");
+  prepare_output(dk, DType::BF16, pr.kv_shape, kBackward, "dk");
+  prepare_output(dv, DType::BF16, pr.kv_shape, kBackward, "dv");
+  const detail::AttentionBackwardArgs args{pr.dims,
+                                           bf16_in(q),
+                                           bf16_in(k),
+                                           bf16_in(v),
+                                           bf16_in(y),
+                                           static_cast<const float*>(lse.raw()),
+                                           bf16_in(dy),
+                                           bf16_out(dq),
+                                           bf16_out(dk),
+                                           bf16_out(dv)};
+  dispatch_head_width(pr.dims.Dh, args, stream,
+                      []<int P>(const detail::AttentionBackwardArgs& a, cudaStream_t s) {
+                        detail::launch_attention_backward<P>(a, s);
+                      });
+}
+
+}  // namespace quiver::cuda

@@ -1,0 +1,65 @@
+// Internal: launchers of the flash attention kernels (src/cuda/attention.h). They take raw
+// device pointers, assume the shapes were checked by the entry points (attention.cpp), launch
+// on `stream` and check the launches. bf16 buffers are uint16_t (the bits of quiver::bf16).
+//
+// The kernels are templated on the padded head width kPadded (a multiple of 16, at least Dh):
+// lanes d >= Dh are loaded as zeros and never stored. attention.cpp picks the instantiation.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace quiver::cuda::detail {
+
+// Sizes of one call; q rows are [B, T, Hq, Dh], k/v rows [B, T, Hkv, Dh], lse [B, Hq, T].
+struct AttentionDims {
+  int64_t B, T, Hq, Hkv, Dh;
+};
+
+struct AttentionForwardArgs {
+  AttentionDims dims;
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  uint16_t* y;
+  float* lse;
+};
+
+struct AttentionBackwardArgs {
+  AttentionDims dims;
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint16_t* y;
+  const float* lse;
+  const uint16_t* dy;
+  uint16_t* dq;
+  uint16_t* dk;
+  uint16_t* dv;
+};
+
+// Query and key rows per tile; the grids have one block per (tile, head, batch).
+inline constexpr int kAttentionTile = 64;
+// Padded head widths with an instantiation: 16, 32, ..., 128.
+inline constexpr int kAttentionPadStep = 16;
+inline constexpr int kAttentionMaxHeadDim = 128;
+
+template <int kPadded>
+void launch_attention_forward(const AttentionForwardArgs& args, cudaStream_t stream);
+template <int kPadded>
+void launch_attention_backward(const AttentionBackwardArgs& args, cudaStream_t stream);
+
+#define QUIVER_ATTENTION_DECLARE(P)                                                            \
+  extern template void launch_attention_forward<P>(const AttentionForwardArgs&, cudaStream_t); \
+  extern template void launch_attention_backward<P>(const AttentionBackwardArgs&, cudaStream_t);
+QUIVER_ATTENTION_DECLARE(16)
+QUIVER_ATTENTION_DECLARE(32)
+QUIVER_ATTENTION_DECLARE(48)
+QUIVER_ATTENTION_DECLARE(64)
+QUIVER_ATTENTION_DECLARE(80)
+QUIVER_ATTENTION_DECLARE(96)
+QUIVER_ATTENTION_DECLARE(112)
+QUIVER_ATTENTION_DECLARE(128)
+#undef QUIVER_ATTENTION_DECLARE
+
+}  // namespace quiver::cuda::detail

@@ -1,0 +1,289 @@
+// GPU algebraic projection (cuda::AlgProj) against the independent formula of SPEC §1.3
+// (ops::algproj_reference_forward/backward), in F64 on the same bf16-rounded inputs.
+//
+// Tolerances (relative norm error ‖out − ref‖/‖ref‖):
+// - Accumulation: every product of bf16 values is exact in fp32; each output element is an
+//   fp32 sum of at most `inner` such products (inner = K for y, N for dX, M for dW) plus one
+//   addition per rectangle and per scatter-add (≤ q + 2 more), in any order. So
+//   |err| ≤ γ_{inner+q+2} (|X|·|W ⊙ Mask|) elementwise, γ_n ≈ n·2^-24; we allow twice that
+//   (truncating adders) times ‖|X|·|W⊙Mask|‖/‖ref‖, where the absolute-value product is the
+//   reference evaluated on |X|, |W|, |dY|.
+// - Output rounding: bf16 outputs are rounded once (unit roundoff 2^-8); we allow two units.
+//   dW is fp32: two units of 2^-24.
+// A missing, doubled or misplaced block, a wrong row, or an unwritten (NaN-poisoned) element
+// gives an error of order 1 (or NaN), far above these bounds.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "algebra/law.h"
+#include "cuda/algproj.h"
+#include "cuda/backend.h"
+#include "ops/algproj.h"
+#include "quiver/rng.h"
+#include "quiver/tensor.h"
+
+using namespace quiver;
+
+namespace {
+
+constexpr double kBf16Unit = 1.0 / 256.0;      // 2^-8
+constexpr double kF32Unit = 1.0 / 16777216.0;  // 2^-24
+
+void register_gpu() { cuda::register_backend(); }
+
+// Random F64 values exactly representable in bf16.
+Tensor random_bf16_values(Rng& rng, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::BF16);
+  rng.fill_normal(t, 0.0, 1.0);
+  return t.to(DType::F64);
+}
+
+Tensor to_device(const Tensor& host_f64, DType dtype) {
+  Tensor h = host_f64.to(dtype);
+  Tensor d = Tensor::empty(h.shape(), dtype, Device::CUDA);
+  d.copy_from(h);
+  return d;
+}
+
+Tensor download_f64(const Tensor& dev) {
+  Tensor h = Tensor::empty(dev.shape(), dev.dtype());
+  h.copy_from(dev);
+  return h.to(DType::F64);
+}
+
+// NaN in every element (all-ones bytes are a NaN in bf16 and fp32).
+void poison(Tensor& dev) { ASSERT_EQ(cudaMemset(dev.raw(), 0xFF, dev.nbytes()), cudaSuccess); }
+
+Tensor abs_of(const Tensor& f64) {
+  Tensor a = f64.clone();
+  double* p = a.data<double>();
+  for (int64_t i = 0; i < a.numel(); ++i) p[i] = std::fabs(p[i]);
+  return a;
+}
+
+bool all_finite(const Tensor& f64) {
+  const double* p = f64.data<double>();
+  for (int64_t i = 0; i < f64.numel(); ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
+double bound(int64_t terms, int q, const Tensor& abs_ref, const Tensor& ref, double out_unit) {
+  const double r = norm2(ref);
+  return 2.0 * static_cast<double>(terms + q + 2) * kF32Unit * norm2(abs_ref) / r +
+         2.0 * out_unit;
+}
+
+enum class Sched { Cyclic, Interval, Random };
+
+std::vector<int> make_types(Sched sched, int64_t M, int q, uint64_t seed) {
+  switch (sched) {
+    case Sched::Cyclic:
+      return algebra::Schedule::cyclic().types(0, M, q);
+    case Sched::Interval: {  // one period P ≥ M (divisible by q): each type a contiguous run
+      const int64_t P = ((M + q - 1) / q) * q;
+      return algebra::Schedule::interval(P).types(0, M, q);
+    }
+    case Sched::Random: {
+      Rng rng(seed);
+      std::vector<int> t(M);
+      for (auto& v : t) v = static_cast<int>(rng.below(q));
+      return t;
+    }
+  }
+  return {};
+}
+
+// Whether some type's rows do not form an arithmetic progression (the gather branch).
+bool has_irregular_type(const std::vector<int>& types, int q) {
+  for (int a = 0; a < q; ++a) {
+    std::vector<int64_t> rows;
+    for (size_t m = 0; m < types.size(); ++m)
+      if (types[m] == a) rows.push_back(static_cast<int64_t>(m));
+    for (size_t i = 2; i < rows.size(); ++i)
+      if (rows[i] - rows[i - 1] != rows[1] - rows[0]) return true;
+  }
+  return false;
+}
+
+struct Case {
+  std::string law;
+  std::vector<int64_t> in, out;  // group widths; empty: equal widths of K and N
+  int64_t K = 64, N = 48;
+  ops::RowAccess access = ops::RowAccess::InPlace;
+};
+
+algebra::GroupWidths widths_of(const Case& c, int q) {
+  if (c.in.empty()) return algebra::GroupWidths::equal(q, c.K, c.N);
+  return algebra::GroupWidths{c.in, c.out};
+}
+
+// Forward, dX and dW of one law / widths / row-type arrangement against the reference;
+// also checks that the GPU class cuts the support exactly as the CPU class.
+void check_case(const Case& c, const std::vector<int>& types, uint64_t seed) {
+  SCOPED_TRACE("law " + c.law + ", M " + std::to_string(types.size()));
+  const algebra::Law law = algebra::Law::parse(c.law);
+  const int q = law.q();
+  const algebra::GroupWidths widths = widths_of(c, q);
+  const cuda::AlgProj gpu(law, widths, c.access);
+  const ops::AlgProj cpu(law, widths, c.access);
+  ASSERT_EQ(gpu.shared_products(), cpu.shared_products());
+  for (int a = 0; a < q; ++a) ASSERT_EQ(gpu.type_products(a), cpu.type_products(a));
+
+  const int64_t M = static_cast<int64_t>(types.size()), K = widths.K(), N = widths.N();
+  Rng rng(seed);
+  const Tensor x = random_bf16_values(rng, {M, K});
+  const Tensor w = random_bf16_values(rng, {K, N});
+  const Tensor dy = random_bf16_values(rng, {M, N});
+
+  Tensor y_ref = Tensor::empty({M, N}, DType::F64), y_abs = Tensor::empty({M, N}, DType::F64);
+  ops::algproj_reference_forward(x, w, law, widths, types, y_ref);
+  ops::algproj_reference_forward(abs_of(x), abs_of(w), law, widths, types, y_abs);
+  Tensor dx_ref = Tensor::empty({M, K}, DType::F64), dw_ref = Tensor::empty({K, N}, DType::F64);
+  Tensor dx_abs = Tensor::empty({M, K}, DType::F64), dw_abs = Tensor::empty({K, N}, DType::F64);
+  ops::algproj_reference_backward(x, w, dy, law, widths, types, dx_ref, dw_ref);
+  ops::algproj_reference_backward(abs_of(x), abs_of(w), abs_of(dy), law, widths, types, dx_abs,
+                                  dw_abs);
+
+  const Tensor xd = to_device(x, DType::BF16), wd = to_device(w, DType::BF16),
+               dyd = to_device(dy, DType::BF16);
+  Tensor y = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
+  Tensor dx = Tensor::empty({M, K}, DType::BF16, Device::CUDA);
+  Tensor dw = Tensor::empty({K, N}, DType::F32, Device::CUDA);
+
+  // Twice: the second call reuses the cached plans and scratch.
+  for (int rep = 0; rep < 2; ++rep) {
+    SCOPED_TRACE("call " + std::to_string(rep));
+    poison(y);
+    poison(dx);
+    poison(dw);
+    gpu.forward(xd, wd, types, y);
+    gpu.backward(xd, wd, dyd, types, &dx, &dw);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor yh = download_f64(y), dxh = download_f64(dx), dwh = download_f64(dw);
+    ASSERT_TRUE(all_finite(yh));
+    ASSERT_TRUE(all_finite(dxh));
+    ASSERT_TRUE(all_finite(dwh));
+    EXPECT_LE(rel_error(yh, y_ref), bound(K, q, y_abs, y_ref, kBf16Unit));
+    EXPECT_LE(rel_error(dxh, dx_ref), bound(N, q, dx_abs, dx_ref, kBf16Unit));
+    EXPECT_LE(rel_error(dwh, dw_ref), bound(M, q, dw_abs, dw_ref, kF32Unit));
+  }
+}
+
+const Case kDense{"dense:4"};
+const Case kQ4{"Q4"};
+const Case kQ2xQ2{"Q2xQ2"};
+const Case kGraph{"graph:4:0>1,1>2,2>3"};
+const Case kBlockDiag{"blockdiag:4"};
+// Odd, unequal widths: unaligned group offsets and leading dimensions.
+const Case kUnequal{"Q4", {8, 24, 5, 27}, {16, 3, 40, 13}};
+
+}  // namespace
+
+TEST(GpuAlgProj, DenseLawDirectPath) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Dense: one shared rectangle, no per-type products: the GEMM writes bf16 directly.
+  const cuda::AlgProj p(algebra::Law::parse("dense:4"), algebra::GroupWidths::equal(4, 64, 48));
+  EXPECT_EQ(p.shared_products(), 1u);
+  for (int a = 0; a < 4; ++a) EXPECT_EQ(p.type_products(a), 0u);
+  check_case(kDense, make_types(Sched::Cyclic, 37, 4, 1), 11);
+  check_case(kDense, make_types(Sched::Random, 37, 4, 2), 12);
+}
+
+TEST(GpuAlgProj, CyclicRowsStrided) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Cyclic types: each type's rows are a progression of stride q (strided operands).
+  for (const Case* c : {&kQ4, &kQ2xQ2, &kGraph, &kBlockDiag, &kUnequal})
+    check_case(*c, make_types(Sched::Cyclic, 37, 4, 3), 21);
+}
+
+TEST(GpuAlgProj, IntervalRowsContiguous) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Interval types within one period: each type's rows are contiguous (stride 1).
+  for (const Case* c : {&kQ4, &kQ2xQ2, &kGraph, &kBlockDiag, &kUnequal})
+    check_case(*c, make_types(Sched::Interval, 37, 4, 4), 31);
+}
+
+TEST(GpuAlgProj, RandomRowsGathered) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Random types: irregular rows are gathered, multiplied and scatter-added back.
+  const std::vector<int> types = make_types(Sched::Random, 37, 4, 5);
+  ASSERT_TRUE(has_irregular_type(types, 4));
+  for (const Case* c : {&kQ4, &kQ2xQ2, &kGraph, &kBlockDiag, &kUnequal})
+    check_case(*c, types, 41);
+}
+
+TEST(GpuAlgProj, GatherAccessForcesGather) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // RowAccess::Gather gathers strided (cyclic) rows instead of using them in place.
+  Case q4 = kQ4, unequal = kUnequal;
+  q4.access = unequal.access = ops::RowAccess::Gather;
+  check_case(q4, make_types(Sched::Cyclic, 37, 4, 6), 51);
+  check_case(unequal, make_types(Sched::Cyclic, 37, 4, 6), 52);
+  check_case(q4, make_types(Sched::Interval, 37, 4, 6), 53);
+}
+
+TEST(GpuAlgProj, DecodeFewRowsMixedTypes) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Decoding: one row, and three rows of mixed types (type 3 at rows 0 and 2: stride 2).
+  for (const Case* c : {&kDense, &kQ4, &kQ2xQ2, &kGraph, &kBlockDiag, &kUnequal}) {
+    check_case(*c, {2}, 61);
+    check_case(*c, {3, 1, 3}, 62);
+    check_case(*c, {0, 2, 1}, 63);
+  }
+}
+
+TEST(GpuAlgProj, LargerBatchOddShapes) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // More rows and wider groups than the other tests, beyond one GEMM tile in every dimension.
+  Case big{"Q4"};
+  big.K = 260;
+  big.N = 196;
+  check_case(big, make_types(Sched::Cyclic, 301, 4, 7), 71);
+  check_case(big, make_types(Sched::Random, 301, 4, 8), 72);
+  Case big8{"Q2xQ2xQ2"};
+  big8.K = 136;
+  big8.N = 200;
+  check_case(big8, make_types(Sched::Cyclic, 203, 8, 9), 73);
+}
+
+TEST(GpuAlgProj, BackwardOptionalOutputs) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // dx only, then dw only: each matches the reference; the other is not touched.
+  const algebra::Law law = algebra::Law::parse("Q4");
+  const algebra::GroupWidths widths{{8, 24, 5, 27}, {16, 3, 40, 13}};
+  const cuda::AlgProj gpu(law, widths);
+  const int64_t M = 29, K = widths.K(), N = widths.N();
+  const std::vector<int> types = make_types(Sched::Random, M, 4, 10);
+  Rng rng(81);
+  const Tensor x = random_bf16_values(rng, {M, K}), w = random_bf16_values(rng, {K, N}),
+               dy = random_bf16_values(rng, {M, N});
+  Tensor dx_ref = Tensor::empty({M, K}, DType::F64), dw_ref = Tensor::empty({K, N}, DType::F64);
+  ops::algproj_reference_backward(x, w, dy, law, widths, types, dx_ref, dw_ref);
+  const Tensor xd = to_device(x, DType::BF16), wd = to_device(w, DType::BF16),
+               dyd = to_device(dy, DType::BF16);
+  Tensor dx = Tensor::empty({M, K}, DType::BF16, Device::CUDA);
+  Tensor dw = Tensor::empty({K, N}, DType::F32, Device::CUDA);
+  // Loose bounds here (shapes are small: the accumulation term is below 2^-12); the
+  // derivation is in the file comment.
+  poison(dx);
+  gpu.backward(xd, wd, dyd, types, &dx, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(rel_error(download_f64(dx), dx_ref), 2 * kBf16Unit + 1.0 / 4096);
+  poison(dw);
+  gpu.backward(xd, wd, dyd, types, nullptr, &dw);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(rel_error(download_f64(dw), dw_ref), 1.0 / 4096);
+}
