@@ -1,6 +1,6 @@
-// The GPU algebraic projection (algproj.h): host-side checks, the rectangle decomposition
-// (the algorithm of ops::AlgProj, repeated here because the CPU class keeps its rectangles
-// private), and the schedule of cuda::gemm products, gathers and scatter-adds.
+// The GPU algebraic projection (algproj.h): host-side checks, and the schedule of cuda::gemm
+// products, gathers and scatter-adds over the support plan it shares with the CPU path
+// (ops::plan_support, ops::rows_by_type).
 #include "cuda/algproj.h"
 
 #include <algorithm>
@@ -20,60 +20,15 @@ using algebra::Law;
 namespace {
 
 using Rect = AlgProj::Rect;
-using Mask = std::vector<char>;  // q*q, index β*q + δ
-
-// Cuts a (β, δ) mask into rectangles: runs of δ per β, then consecutive β with the same
-// runs merged (identical to ops::AlgProj's decomposition). The rectangles are disjoint.
-std::vector<Rect> rectangles(const Mask& mask, int q) {
-  std::vector<Rect> out;
-  std::vector<std::pair<int, int>> prev_runs;
-  int prev_begin = -1;
-  auto flush = [&](int end) {
-    if (prev_begin >= 0)
-      for (auto [d0, d1] : prev_runs) out.push_back({prev_begin, end, d0, d1});
-  };
-  for (int b = 0; b < q; ++b) {
-    std::vector<std::pair<int, int>> runs;
-    for (int d = 0; d < q;) {
-      if (!mask[b * q + d]) {
-        ++d;
-        continue;
-      }
-      int start = d;
-      while (d < q && mask[b * q + d]) ++d;
-      runs.emplace_back(start, d);
-    }
-    if (prev_begin >= 0 && runs == prev_runs) continue;
-    flush(b);
-    prev_runs = std::move(runs);
-    prev_begin = prev_runs.empty() ? -1 : b;
-  }
-  flush(q);
-  return out;
-}
-
-// The rows of one type: used in place when they form an arithmetic progression, else
-// gathered (their indices then sit at index_offset in the uploaded index buffer).
-struct RowSet {
-  std::vector<int64_t> rows;
-  int64_t stride = 1;
-  bool progression = true;
+// The rows of one type (ops::rows_by_type) and, when gathered, where their indices sit in
+// the uploaded index buffer.
+struct RowSet : ops::TypeRows {
   int64_t index_offset = 0;
 };
 
 std::vector<RowSet> group_rows(const std::vector<int>& row_types, int q, ops::RowAccess access) {
-  std::vector<RowSet> sets(q);
-  for (size_t m = 0; m < row_types.size(); ++m) {
-    const int t = row_types[m];
-    QV_CHECK(t >= 0 && t < q, "algproj: row {} has type {}, outside [0, {})", m, t, q);
-    sets[t].rows.push_back(static_cast<int64_t>(m));
-  }
-  for (RowSet& s : sets) {
-    if (s.rows.size() >= 2) s.stride = s.rows[1] - s.rows[0];
-    for (size_t i = 2; i < s.rows.size() && s.progression; ++i)
-      s.progression = s.rows[i] - s.rows[i - 1] == s.stride;
-    if (access == ops::RowAccess::Gather && s.stride != 1) s.progression = false;
-  }
+  std::vector<RowSet> sets;
+  for (ops::TypeRows& t : ops::rows_by_type(row_types, q, access)) sets.push_back({std::move(t), 0});
   return sets;
 }
 
@@ -200,24 +155,13 @@ bool any_type_products(const std::vector<RowSet>& sets,
 
 AlgProj::AlgProj(Law law, GroupWidths widths, ops::RowAccess access)
     : law_(std::move(law)), widths_(std::move(widths)), access_(access) {
-  const int q = law_.q();
-  widths_.validate(q);
+  widths_.validate(law_.q());
   k_off_ = widths_.in_offsets();
   n_off_ = widths_.out_offsets();
-  Mask shared(static_cast<size_t>(q) * q, 1);
-  std::vector<Mask> own(q, Mask(static_cast<size_t>(q) * q, 0));
-  for (int a = 0; a < q; ++a)
-    for (int d = 0; d < q; ++d)
-      for (int b : law_.support(a, d)) own[a][b * q + d] = 1;
-  for (int a = 0; a < q; ++a)
-    for (size_t i = 0; i < shared.size(); ++i) shared[i] &= own[a][i];
-  shared_cover_all_ = std::all_of(shared.begin(), shared.end(), [](char c) { return c != 0; });
-  shared_ = rectangles(shared, q);
-  per_type_.resize(q);
-  for (int a = 0; a < q; ++a) {
-    for (size_t i = 0; i < shared.size(); ++i) own[a][i] &= !shared[i];
-    per_type_[a] = rectangles(own[a], q);
-  }
+  ops::SupportPlan plan = ops::plan_support(law_);
+  shared_cover_all_ = plan.shared_covers_all;
+  shared_ = std::move(plan.shared);
+  per_type_ = std::move(plan.per_type);
 }
 
 namespace {

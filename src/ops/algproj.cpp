@@ -13,61 +13,6 @@ using algebra::Law;
 
 namespace {
 
-using Mask = std::vector<char>;  // q*q, index β*q + δ
-
-// Cuts a (β, δ) mask into rectangles: runs of δ per β, then consecutive β with the
-// same runs merged. Dense collapses to one rectangle, Q_q's off-diagonal row to two.
-std::vector<AlgProj::Rect> rectangles(const Mask& mask, int q) {
-  std::vector<AlgProj::Rect> out;
-  std::vector<std::pair<int, int>> prev_runs;
-  int prev_begin = -1;
-  auto flush = [&](int end) {
-    if (prev_begin >= 0)
-      for (auto [d0, d1] : prev_runs) out.push_back({prev_begin, end, d0, d1});
-  };
-  for (int b = 0; b < q; ++b) {
-    std::vector<std::pair<int, int>> runs;
-    for (int d = 0; d < q;) {
-      if (!mask[b * q + d]) {
-        ++d;
-        continue;
-      }
-      int start = d;
-      while (d < q && mask[b * q + d]) ++d;
-      runs.emplace_back(start, d);
-    }
-    if (prev_begin >= 0 && runs == prev_runs) continue;
-    flush(b);
-    prev_runs = std::move(runs);
-    prev_begin = prev_runs.empty() ? -1 : b;
-  }
-  flush(q);
-  return out;
-}
-
-// The rows of one type: in place when they form an arithmetic progression.
-struct RowSet {
-  std::vector<int64_t> rows;
-  int64_t stride = 1;
-  bool progression = true;
-};
-
-std::vector<RowSet> group_rows(const std::vector<int>& row_types, int q, RowAccess access) {
-  std::vector<RowSet> sets(q);
-  for (size_t m = 0; m < row_types.size(); ++m) {
-    int t = row_types[m];
-    QV_CHECK(t >= 0 && t < q, "row {} has type {}, outside [0, {})", m, t, q);
-    sets[t].rows.push_back(static_cast<int64_t>(m));
-  }
-  for (RowSet& s : sets) {
-    if (s.rows.size() >= 2) s.stride = s.rows[1] - s.rows[0];
-    for (size_t i = 2; i < s.rows.size() && s.progression; ++i)
-      s.progression = s.rows[i] - s.rows[i - 1] == s.stride;
-    if (access == RowAccess::Gather && s.stride != 1) s.progression = false;
-  }
-  return sets;
-}
-
 void check_args(const Tensor& x, const Tensor& w, int64_t K, int64_t N, size_t types) {
   check_ndim(x, 2, "x");
   check_ndim(w, 2, "w");
@@ -140,10 +85,10 @@ void forward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
     blas::gemm(false, false, M, no[r.d1] - no[r.d0], ko[r.b1] - ko[r.b0], T(1), X + ko[r.b0], K,
                W + ko[r.b0] * N + no[r.d0], N, beta, Y + no[r.d0], N);
   });
-  std::vector<RowSet> sets = group_rows(row_types, q, p.access());
+  std::vector<TypeRows> sets = rows_by_type(row_types, q, p.access());
   std::vector<T> xs, ys;
   for (int a = 0; a < q; ++a) {
-    const RowSet& s = sets[a];
+    const TypeRows& s = sets[a];
     const int64_t m = static_cast<int64_t>(s.rows.size());
     if (m == 0 || per_type[a].empty()) continue;
     const T* Xa;
@@ -200,12 +145,12 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
       blas::gemm(true, false, ko[r.b1] - ko[r.b0], no[r.d1] - no[r.d0], M, T(1), X + ko[r.b0], K,
                  DY + no[r.d0], N, T(1), DW + ko[r.b0] * N + no[r.d0], N);
   }
-  std::vector<RowSet> sets = group_rows(row_types, q, p.access());
+  std::vector<TypeRows> sets = rows_by_type(row_types, q, p.access());
   // dX of each type's own terms.
   if (DX) {
     std::vector<T> dys, dxs;
     for (int a = 0; a < q; ++a) {
-      const RowSet& s = sets[a];
+      const TypeRows& s = sets[a];
       const int64_t m = static_cast<int64_t>(s.rows.size());
       if (m == 0 || per_type[a].empty()) continue;
       const T* DYa = DY + s.rows[0] * N;
@@ -235,7 +180,7 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
   if (DW) {
     std::vector<T> xs, dys;
     for (int a = 0; a < q; ++a) {
-      const RowSet& s = sets[a];
+      const TypeRows& s = sets[a];
       const int64_t m = static_cast<int64_t>(s.rows.size());
       if (m == 0 || per_type[a].empty()) continue;
       const T* Xa = X + s.rows[0] * K;
@@ -260,25 +205,84 @@ void backward_impl(const AlgProj& p, const std::vector<AlgProj::Rect>& shared,
 
 }  // namespace
 
-AlgProj::AlgProj(Law law, GroupWidths widths, RowAccess access)
-    : law_(std::move(law)), widths_(std::move(widths)), access_(access) {
-  const int q = law_.q();
-  widths_.validate(q);
-  k_off_ = widths_.in_offsets();
-  n_off_ = widths_.out_offsets();
+namespace {
+
+using Mask = std::vector<char>;  // q*q, index β*q + δ
+
+std::vector<SupportRect> rectangles(const Mask& mask, int q) {
+  std::vector<SupportRect> out;
+  std::vector<std::pair<int, int>> prev_runs;
+  int prev_begin = -1;
+  auto flush = [&](int end) {
+    if (prev_begin >= 0)
+      for (auto [d0, d1] : prev_runs) out.push_back({prev_begin, end, d0, d1});
+  };
+  for (int b = 0; b < q; ++b) {
+    std::vector<std::pair<int, int>> runs;
+    for (int d = 0; d < q;) {
+      if (!mask[b * q + d]) {
+        ++d;
+        continue;
+      }
+      int start = d;
+      while (d < q && mask[b * q + d]) ++d;
+      runs.emplace_back(start, d);
+    }
+    if (prev_begin >= 0 && runs == prev_runs) continue;
+    flush(b);
+    prev_runs = std::move(runs);
+    prev_begin = prev_runs.empty() ? -1 : b;
+  }
+  flush(q);
+  return out;
+}
+
+}  // namespace
+
+SupportPlan plan_support(const Law& law) {
+  const int q = law.q();
   Mask shared(static_cast<size_t>(q) * q, 1);
   std::vector<Mask> own(q, Mask(static_cast<size_t>(q) * q, 0));
   for (int a = 0; a < q; ++a)
     for (int d = 0; d < q; ++d)
-      for (int b : law_.support(a, d)) own[a][b * q + d] = 1;
+      for (int b : law.support(a, d)) own[a][b * q + d] = 1;
   for (int a = 0; a < q; ++a)
     for (size_t i = 0; i < shared.size(); ++i) shared[i] &= own[a][i];
-  shared_ = rectangles(shared, q);
-  per_type_.resize(q);
+  SupportPlan plan;
+  plan.shared_covers_all = std::all_of(shared.begin(), shared.end(), [](char c) { return c != 0; });
+  plan.shared = rectangles(shared, q);
+  plan.per_type.resize(q);
   for (int a = 0; a < q; ++a) {
     for (size_t i = 0; i < shared.size(); ++i) own[a][i] &= !shared[i];
-    per_type_[a] = rectangles(own[a], q);
+    plan.per_type[a] = rectangles(own[a], q);
   }
+  return plan;
+}
+
+std::vector<TypeRows> rows_by_type(const std::vector<int>& row_types, int q, RowAccess access) {
+  std::vector<TypeRows> sets(q);
+  for (size_t m = 0; m < row_types.size(); ++m) {
+    int t = row_types[m];
+    QV_CHECK(t >= 0 && t < q, "row {} has type {}, outside [0, {})", m, t, q);
+    sets[t].rows.push_back(static_cast<int64_t>(m));
+  }
+  for (TypeRows& s : sets) {
+    if (s.rows.size() >= 2) s.stride = s.rows[1] - s.rows[0];
+    for (size_t i = 2; i < s.rows.size() && s.progression; ++i)
+      s.progression = s.rows[i] - s.rows[i - 1] == s.stride;
+    if (access == RowAccess::Gather && s.stride != 1) s.progression = false;
+  }
+  return sets;
+}
+
+AlgProj::AlgProj(Law law, GroupWidths widths, RowAccess access)
+    : law_(std::move(law)), widths_(std::move(widths)), access_(access) {
+  widths_.validate(law_.q());
+  k_off_ = widths_.in_offsets();
+  n_off_ = widths_.out_offsets();
+  SupportPlan plan = plan_support(law_);
+  shared_ = std::move(plan.shared);
+  per_type_ = std::move(plan.per_type);
 }
 
 int64_t AlgProj::weight_elements_read(int alpha) const {

@@ -25,6 +25,31 @@ namespace quiver::ops {
 // strides can make strided GEMM operands collide in the caches; the benchmark times both.
 enum class RowAccess { InPlace, Gather };
 
+// A rectangle of the support: input groups [b0, b1) × output groups [d0, d1).
+struct SupportRect {
+  int b0, b1, d0, d1;
+};
+
+// The law's support cut into rectangles, the plan that every backend runs: the terms every
+// row type has (`shared`, run once over all rows) and the rest of each type (`per_type`).
+// Runs of output groups per input group, then consecutive input groups with the same runs
+// merged: dense collapses to one rectangle, Q_q's off-diagonal row to two.
+struct SupportPlan {
+  std::vector<SupportRect> shared;
+  std::vector<std::vector<SupportRect>> per_type;
+  bool shared_covers_all = false;  // the shared terms alone reach every (β, δ) block
+};
+SupportPlan plan_support(const algebra::Law& law);
+
+// The rows of each type, and whether they form an arithmetic progression (so a strided
+// operand can use them in place). With RowAccess::Gather only stride-1 runs stay in place.
+struct TypeRows {
+  std::vector<int64_t> rows;
+  int64_t stride = 1;
+  bool progression = true;
+};
+std::vector<TypeRows> rows_by_type(const std::vector<int>& row_types, int q, RowAccess access);
+
 class AlgProj {
  public:
   AlgProj(algebra::Law law, algebra::GroupWidths widths, RowAccess access = RowAccess::InPlace);
@@ -46,10 +71,7 @@ class AlgProj {
   size_t shared_products() const { return shared_.size(); }
   size_t type_products(int alpha) const { return per_type_[alpha].size(); }
 
-  // A rectangle of the support: input groups [b0, b1) × output groups [d0, d1).
-  struct Rect {
-    int b0, b1, d0, d1;
-  };
+  using Rect = SupportRect;
 
  private:
   algebra::Law law_;
