@@ -23,22 +23,6 @@ __device__ const SegmentDesc* find_segment(const SegmentDesc* segments, int coun
   return i < s->offset + s->numel ? s : nullptr;
 }
 
-__device__ double block_sum_double(double v, double* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0;
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) scratch[0] = v;
-  }
-  __syncthreads();
-  const double total = scratch[0];
-  __syncthreads();
-  return total;
-}
-
 // Pass 1: partial[b] = Σ g² (fp64) over the trainable elements that block b visits. The grid
 // is fixed (kGradNormBlocks × kThreads) so every run adds in the same order.
 __global__ void grad_square_sum_kernel(const float* grads, const SegmentDesc* segments, int count,

@@ -46,23 +46,6 @@ __device__ MaxSum block_merge(MaxSum v, MaxSum* scratch) {
   return total;
 }
 
-// Fixed-order block sum in double (deterministic for a fixed blockDim).
-__device__ double block_sum_double(double v, double* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0;
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) scratch[0] = v;
-  }
-  __syncthreads();
-  const double total = scratch[0];
-  __syncthreads();
-  return total;
-}
-
 // count_out[0] = number of rows with a target ≥ 0 (as a float: exact below 2^24 rows).
 __global__ void count_targets_kernel(const int32_t* targets, int64_t rows, float* count_out) {
   __shared__ double scratch[32];

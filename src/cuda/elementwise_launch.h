@@ -97,6 +97,24 @@ __device__ __forceinline__ uint16_t bf16_round(float value) {
 __device__ __forceinline__ float param_load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float param_load(const uint16_t* p, int64_t i) { return bf16_load(p[i]); }
 
+// Fixed-order block sum in double (deterministic for a fixed blockDim, a multiple of 32);
+// scratch holds blockDim.x / 32 doubles in shared memory.
+__device__ __forceinline__ double block_sum_double(double v, double* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0;
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  const double total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
 // Grid size for a grid-stride loop over n items: enough blocks to fill the GPU, capped.
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
