@@ -22,11 +22,13 @@
 #include "algebra/law.h"
 #include "cuda/algproj.h"
 #include "cuda/backend.h"
+#include "gpu/gpu_testing.h"
 #include "ops/algproj.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
 
 using namespace quiver;
+using namespace quiver::gpu_testing;
 
 namespace {
 
@@ -40,29 +42,6 @@ Tensor random_bf16_values(Rng& rng, const Shape& shape) {
   Tensor t = Tensor::empty(shape, DType::BF16);
   rng.fill_normal(t, 0.0, 1.0);
   return t.to(DType::F64);
-}
-
-Tensor to_device(const Tensor& host_f64, DType dtype) {
-  Tensor h = host_f64.to(dtype);
-  Tensor d = Tensor::empty(h.shape(), dtype, Device::CUDA);
-  d.copy_from(h);
-  return d;
-}
-
-Tensor download_f64(const Tensor& dev) {
-  Tensor h = Tensor::empty(dev.shape(), dev.dtype());
-  h.copy_from(dev);
-  return h.to(DType::F64);
-}
-
-// NaN in every element (all-ones bytes are a NaN in bf16 and fp32).
-void poison(Tensor& dev) { ASSERT_EQ(cudaMemset(dev.raw(), 0xFF, dev.nbytes()), cudaSuccess); }
-
-Tensor abs_of(const Tensor& f64) {
-  Tensor a = f64.clone();
-  double* p = a.data<double>();
-  for (int64_t i = 0; i < a.numel(); ++i) p[i] = std::fabs(p[i]);
-  return a;
 }
 
 bool all_finite(const Tensor& f64) {
@@ -164,7 +143,7 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed) {
     gpu.forward(xd, wd, types, y);
     gpu.backward(xd, wd, dyd, types, &dx, &dw);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const Tensor yh = download_f64(y), dxh = download_f64(dx), dwh = download_f64(dw);
+    const Tensor yh = to_host_f64(y), dxh = to_host_f64(dx), dwh = to_host_f64(dw);
     ASSERT_TRUE(all_finite(yh));
     ASSERT_TRUE(all_finite(dxh));
     ASSERT_TRUE(all_finite(dwh));
@@ -281,9 +260,9 @@ TEST(GpuAlgProj, BackwardOptionalOutputs) {
   poison(dx);
   gpu.backward(xd, wd, dyd, types, &dx, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_LE(rel_error(download_f64(dx), dx_ref), 2 * kBf16Unit + 1.0 / 4096);
+  EXPECT_LE(rel_error(to_host_f64(dx), dx_ref), 2 * kBf16Unit + 1.0 / 4096);
   poison(dw);
   gpu.backward(xd, wd, dyd, types, nullptr, &dw);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_LE(rel_error(download_f64(dw), dw_ref), 1.0 / 4096);
+  EXPECT_LE(rel_error(to_host_f64(dw), dw_ref), 1.0 / 4096);
 }

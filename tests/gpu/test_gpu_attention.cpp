@@ -25,11 +25,13 @@
 #include "cuda/attention.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "gpu/gpu_testing.h"
 #include "ops/attention.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
 
 using namespace quiver;
+using namespace quiver::gpu_testing;
 
 namespace {
 
@@ -37,32 +39,6 @@ constexpr double kU = 1.0 / 256.0;
 constexpr double kTight = 2 * kU;
 constexpr double kLoose = 4 * kU;
 constexpr double kLse = 2e-5;
-
-bool have_gpu() {
-  if (cuda::device_count() == 0) return false;
-  cuda::register_backend();
-  return true;
-}
-
-Tensor to_device(const Tensor& host) {
-  Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);
-  dev.copy_from(host);
-  return dev;
-}
-
-Tensor to_host_f64(const Tensor& dev) {
-  QV_CUDA_CHECK(cudaDeviceSynchronize());
-  Tensor host = Tensor::empty(dev.shape(), dev.dtype());
-  host.copy_from(dev);
-  return host.to(DType::F64);
-}
-
-// A device tensor whose bytes are all 0xFF: NaN as bf16 and as f32, so unwritten outputs show.
-Tensor poisoned(const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype, Device::CUDA);
-  QV_CUDA_CHECK(cudaMemset(t.raw(), 0xFF, t.nbytes()));
-  return t;
-}
 
 // Random bf16 values (host); their F64 copy is exact, so the reference sees the kernel's inputs.
 Tensor random_bf16(const Shape& shape, Rng& rng, double lo, double hi) {

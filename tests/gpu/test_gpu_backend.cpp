@@ -2,18 +2,12 @@
 #include <gtest/gtest.h>
 
 #include "cuda/backend.h"
+#include "gpu/gpu_testing.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
 
 using namespace quiver;
-
-namespace {
-bool have_gpu() {
-  if (cuda::device_count() == 0) return false;
-  cuda::register_backend();
-  return true;
-}
-}  // namespace
+using namespace quiver::gpu_testing;
 
 TEST(GpuBackend, TensorRoundTripThroughDeviceMemory) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -25,24 +25,20 @@
 #include "core/blas.h"
 #include "cuda/backend.h"
 #include "cuda/gemm.h"
+#include "gpu/gpu_testing.h"
 #include "ops/activation.h"
 #include "ops/linear.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
 
 using namespace quiver;
+using namespace quiver::gpu_testing;
 
 namespace {
 
 constexpr double kBf16Unit = 1.0 / 256.0;       // 2^-8
 constexpr double kF32Unit = 1.0 / 16777216.0;   // 2^-24
 constexpr double kGeluSlope = 1.13;             // max |GELU'(x)|
-
-bool have_gpu() {
-  if (cuda::device_count() == 0) return false;
-  cuda::register_backend();
-  return true;
-}
 
 double accumulation_bound(int64_t terms, double abs_norm, double ref_norm) {
   return 2.0 * static_cast<double>(terms + 2) * kF32Unit * abs_norm / ref_norm;
@@ -61,30 +57,7 @@ Tensor random_values(Rng& rng, const Shape& shape, DType dtype, double stddev,
   return t.to(DType::F64);
 }
 
-Tensor to_device(const Tensor& host_f64, DType dtype) {
-  Tensor h = host_f64.to(dtype);
-  Tensor d = Tensor::empty(h.shape(), dtype, Device::CUDA);
-  d.copy_from(h);
-  return d;
-}
-
-Tensor download(const Tensor& dev) {  // same dtype
-  Tensor h = Tensor::empty(dev.shape(), dev.dtype());
-  h.copy_from(dev);
-  return h;
-}
-
-// NaN in every element (all-ones bytes are a NaN in bf16, fp32 and fp64).
-void poison(Tensor& dev) { ASSERT_EQ(cudaMemset(dev.raw(), 0xFF, dev.nbytes()), cudaSuccess); }
-
 void device_sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
-
-Tensor abs_of(const Tensor& f64) {
-  Tensor a = f64.clone();
-  double* p = a.data<double>();
-  for (int64_t i = 0; i < a.numel(); ++i) p[i] = std::fabs(p[i]);
-  return a;
-}
 
 // ‖t‖ over the rows × cols window of an F64 [rows, ld] matrix.
 double window_norm(const Tensor& t, int64_t rows, int64_t cols) {
@@ -163,7 +136,7 @@ void check_gemm(const GemmCase& g, Rng& rng) {
   Tensor c_dev = to_device(c0, g.out);
   if (g.beta == 0.0f) poison(c_dev);
   Tensor bias_dev = to_device(bias, g.bias_type);
-  const Tensor before = download(c_dev);
+  const Tensor before = to_host(c_dev);
 
   if (g.epilogue == cuda::Epilogue::None)
     cuda::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, g.alpha, a_dev.raw(), g.operands, lda,
@@ -173,7 +146,7 @@ void check_gemm(const GemmCase& g, Rng& rng) {
                         lda, b_dev.raw(), g.operands, ldb, g.beta, c_dev.raw(), g.out, ldc,
                         g.epilogue, with_bias ? bias_dev.raw() : nullptr, g.bias_type);
   device_sync();
-  const Tensor after = download(c_dev);
+  const Tensor after = to_host(c_dev);
 
   // Reference: pre = α op(A) op(B) + β C + bias, and the same with absolute values.
   Tensor pre = c0.clone();
@@ -298,7 +271,7 @@ TEST(GpuGemm, EmptyInnerDimensionScalesCAndAppliesTheEpilogue) {
   cuda::gemm(false, false, M, N, 0, 1.0f, nullptr, DType::BF16, 1, nullptr, DType::BF16, N, 0.0f,
              c.raw(), DType::BF16, ldc);
   device_sync();
-  Tensor out = download(c).to(DType::F64);
+  Tensor out = to_host(c).to(DType::F64);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < ldc; ++n) {
       const double v = out.data<double>()[m * ldc + n];
@@ -322,7 +295,7 @@ TEST(GpuGemm, EmptyInnerDimensionScalesCAndAppliesTheEpilogue) {
   Tensor ref = Tensor::empty(pre.shape(), DType::F64);
   ops::gelu_forward(pre, ref);
   // fp32 arithmetic with tanhf: a few fp32 units.
-  EXPECT_LT(window_rel_error(download(c_dev).to(DType::F64), ref, M, N), 1e-6);
+  EXPECT_LT(window_rel_error(to_host(c_dev).to(DType::F64), ref, M, N), 1e-6);
   // M = 0 and N = 0 are no-ops that touch nothing.
   EXPECT_NO_THROW(cuda::gemm(false, false, 0, N, 7, 1.0f, nullptr, DType::BF16, 7, nullptr,
                              DType::BF16, N, 0.0f, nullptr, DType::BF16, N));
@@ -342,14 +315,14 @@ TEST(GpuGemm, RepeatedShapeReusesItsCachedPlan) {
              c1.raw(), DType::F32, N);
   EXPECT_EQ(cuda::gemm_plan_cache_size(), before + 1);
   device_sync();
-  const Tensor first = download(c1);
+  const Tensor first = to_host(c1);
   poison(c1);
   cuda::gemm(false, false, M, N, K, 1.0f, a.raw(), DType::BF16, K, b.raw(), DType::BF16, N, 0.0f,
              c1.raw(), DType::F32, N);
   EXPECT_EQ(cuda::gemm_plan_cache_size(), before + 1);
   device_sync();
   // The same plan gives the same bits.
-  const Tensor second = download(c1);
+  const Tensor second = to_host(c1);
   EXPECT_EQ(std::memcmp(first.raw(), second.raw(), first.nbytes()), 0);
   c2.copy_from(c1);
   // Another transpose is another plan.
@@ -419,7 +392,7 @@ TEST(GpuLinear, ForwardMatchesCpuForEveryBiasKind) {
       ops::linear_forward(x, w, b, ref);
       ops::linear_forward(abs_of(x), abs_of(w), bias_kind ? abs_of(b) : Tensor(), abs_ref);
       const double tol = accumulation_bound(K, norm2(abs_ref), norm2(ref)) + rounding_bound(DType::BF16);
-      EXPECT_LT(rel_error(download(y_dev).to(DType::F64), ref), tol);
+      EXPECT_LT(rel_error(to_host(y_dev).to(DType::F64), ref), tol);
     }
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
@@ -458,9 +431,9 @@ TEST(GpuLinear, BackwardMatchesCpuAndAccumulates) {
   const double tol_dx = accumulation_bound(N_out, norm2(abs_dx), norm2(dx)) + rounding_bound(DType::BF16);
   const double tol_dw = 2.0 * accumulation_bound(rows, norm2(abs_dw), norm2(dw)) + rounding_bound(DType::F32);
   const double tol_db = 2.0 * accumulation_bound(rows, norm2(abs_db), norm2(db)) + rounding_bound(DType::F32);
-  EXPECT_LT(rel_error(download(dx_dev).to(DType::F64), dx), tol_dx);
-  EXPECT_LT(rel_error(download(dw_dev).to(DType::F64), dw), tol_dw);
-  EXPECT_LT(rel_error(download(db_dev).to(DType::F64), db), tol_db);
+  EXPECT_LT(rel_error(to_host(dx_dev).to(DType::F64), dx), tol_dx);
+  EXPECT_LT(rel_error(to_host(dw_dev).to(DType::F64), dw), tol_dw);
+  EXPECT_LT(rel_error(to_host(db_dev).to(DType::F64), db), tol_db);
 
   // Without dx and db: only dw changes, by one contribution.
   Tensor dw_only_dev = to_device(dw0, DType::F32);
@@ -469,7 +442,7 @@ TEST(GpuLinear, BackwardMatchesCpuAndAccumulates) {
   Tensor dw_only = dw0.clone(), abs_dw_only = abs_of(dw0);
   ops::linear_backward(dy, x, w, nullptr, dw_only, nullptr);
   ops::linear_backward(abs_of(dy), abs_of(x), abs_of(w), nullptr, abs_dw_only, nullptr);
-  EXPECT_LT(rel_error(download(dw_only_dev).to(DType::F64), dw_only),
+  EXPECT_LT(rel_error(to_host(dw_only_dev).to(DType::F64), dw_only),
             accumulation_bound(rows, norm2(abs_dw_only), norm2(dw_only)) + rounding_bound(DType::F32));
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }

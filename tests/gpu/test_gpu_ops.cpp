@@ -20,6 +20,7 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/ops.h"
+#include "gpu/gpu_testing.h"
 #include "ops/activation.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
@@ -30,38 +31,13 @@
 #include "train/optimizer.h"
 
 using namespace quiver;
+using namespace quiver::gpu_testing;
 
 namespace {
 
 constexpr double kBf16Tol = 2.0 / 256.0;
 constexpr double kF32Tol = 1e-4;
 constexpr double kAdamTol = 1e-6;
-
-bool have_gpu() {
-  if (cuda::device_count() == 0) return false;
-  cuda::register_backend();
-  return true;
-}
-
-Tensor to_device(const Tensor& host) {
-  Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);
-  dev.copy_from(host);
-  return dev;
-}
-
-Tensor to_host(const Tensor& dev) {
-  QV_CUDA_CHECK(cudaDeviceSynchronize());
-  Tensor host = Tensor::empty(dev.shape(), dev.dtype());
-  host.copy_from(dev);
-  return host;
-}
-
-// A device tensor whose bytes are all 0xFF: NaN as bf16 and as f32, so unwritten outputs show.
-Tensor poisoned(const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype, Device::CUDA);
-  QV_CUDA_CHECK(cudaMemset(t.raw(), 0xFF, t.nbytes()));
-  return t;
-}
 
 // Random bf16 values (host); .to(F64) of the result is exact, so the reference sees the
 // same inputs as the kernel.
