@@ -7,6 +7,7 @@
 
 #include "core/blas.h"
 #include "ops/head_shape.h"
+#include "ops/online_softmax.h"
 #include "ops/row_cache.h"
 #include "quiver/parallel.h"
 
@@ -85,19 +86,7 @@ void flash_forward(const AttnDims& d, const T* q, const T* k, const T* v, T* y, 
             std::fill(sr, sr + bk, T(0));
             continue;
           }
-          T mx = m[r];
-          for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, sr[c]);
-          const T alpha = std::exp(m[r] - mx);
-          T sum = 0;
-          for (int64_t c = 0; c < valid; ++c) {
-            sr[c] = std::exp(sr[c] - mx);
-            sum += sr[c];
-          }
-          for (int64_t c = valid; c < bk; ++c) sr[c] = 0;
-          l[r] = l[r] * alpha + sum;
-          m[r] = mx;
-          T* ar = acc.data() + r * Dh;
-          for (int64_t c = 0; c < Dh; ++c) ar[c] *= alpha;
+          online_softmax_row(sr, valid, bk, m[r], l[r], acc.data() + r * Dh, Dh);
         }
         blas::gemm(false, false, bq, Dh, bk, T(1), s.data(), tile, vb + j0 * ks, ks, T(1),
                    acc.data(), Dh);

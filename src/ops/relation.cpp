@@ -7,6 +7,7 @@
 
 #include "core/blas.h"
 #include "ops/head_shape.h"
+#include "ops/online_softmax.h"
 #include "ops/row_cache.h"
 #include "quiver/parallel.h"
 
@@ -248,22 +249,8 @@ void flash_forward(const HeadShape& d, const T* p1, const T* p2, const T* v, T l
             std::fill(sr, sr + bk, T(0));
             continue;
           }
-          T mx = m[r];
-          for (int64_t c = 0; c < valid; ++c) {
-            sr[c] = sr[c] * sigmoid(sr[c]);  // E = SiLU(U)
-            mx = std::max(mx, sr[c]);
-          }
-          const T alpha = std::exp(m[r] - mx);
-          T sum = 0;
-          for (int64_t c = 0; c < valid; ++c) {
-            sr[c] = std::exp(sr[c] - mx);
-            sum += sr[c];
-          }
-          for (int64_t c = valid; c < bk; ++c) sr[c] = 0;
-          l[r] = l[r] * alpha + sum;
-          m[r] = mx;
-          T* zr = z.data() + r * Dh;
-          for (int64_t c = 0; c < Dh; ++c) zr[c] *= alpha;
+          for (int64_t c = 0; c < valid; ++c) sr[c] = sr[c] * sigmoid(sr[c]);  // E = SiLU(U)
+          online_softmax_row(sr, valid, bk, m[r], l[r], z.data() + r * Dh, Dh);
         }
         blas::gemm(false, false, bq, Dh, bk, T(1), s.data(), tile, vh.row(j0), vh.stride, T(1),
                    z.data(), Dh);
