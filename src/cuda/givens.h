@@ -1,0 +1,35 @@
+// Givens head mixing on the GPU (SPEC §2.2), the CUDA counterpart of ops::givens_forward /
+// givens_backward (src/ops/givens.h): before the relation flow, the information states of
+// head pairs are rotated by one learnable angle per pair per layer,
+//   Ĩ_a = cos θ_k · I_a − sin θ_k · I_b,   Ĩ_b = sin θ_k · I_a + cos θ_k · I_b,
+// with the pairing (a, b) of pair k given by ops::givens_pairs(H, layer): even layers
+// (0,1), (2,3), …; odd layers (1,2), (3,4), …, (H−1, 0). H = 1 is the identity (no angles);
+// other odd H are an error.
+//
+// Shapes: I, out, dOut, dI BF16 [..., H, Dh] (any leading dims, e.g. [B, T, H, Dh] or
+// [B, H, Dh]); theta and dtheta_accumulate F32 [H/2]. All contiguous CUDA tensors.
+// Precision: cos and sin in fp32, rotations in fp32 with one bf16 rounding per output; the
+// dθ sums accumulate in fp64.
+// Each call enqueues its kernels on `stream`, allocates nothing, never synchronizes the host
+// and is capturable in a CUDA graph.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quiver/tensor.h"
+
+namespace quiver::cuda {
+
+// Assigns out = G_ℓ(θ) I. out may alias I.
+void givens_forward(const Tensor& I, const Tensor& theta, int64_t layer, Tensor& out,
+                    cudaStream_t stream = nullptr);
+
+// Assigns dI = G_ℓ(θ)ᵀ dOut (dI may alias dOut) and accumulates
+//   dtheta_accumulate[k] += Σ over rows and channels of dOut_b · Ĩ_a − dOut_a · Ĩ_b
+// with Ĩ recomputed from I. Deterministic: each angle's sum runs in a fixed order (one
+// thread-block cluster per pair, its blocks' partials merged by rank), without atomics.
+void givens_backward(const Tensor& dOut, const Tensor& I, const Tensor& theta, int64_t layer,
+                     Tensor& dI, Tensor& dtheta_accumulate, cudaStream_t stream = nullptr);
+
+}  // namespace quiver::cuda

@@ -1,0 +1,433 @@
+// GPU tests of FlashRelation and the Relation Cache decode step (src/cuda/relation.h) against
+// the CPU references of src/ops/relation.h, run in F64 on the same bf16 inputs.
+//
+// Tolerances. bf16 keeps 8 significant bits: unit roundoff u = 2^-8 ≈ 3.9e-3. The inputs are
+// bf16 already (exact in F64), the kernels compute in fp32 (relative error ~Dh·2^-24 ≈ 1e-5
+// at worst, far below u) and round each output to bf16 once, which is within u of the fp32
+// value elementwise, so within u in relative norm:
+//   - y against the materialized reference, and dp1/dp2/dv against the CPU FlashRelation
+//     backward fed the GPU's own y (the same D_p = dY_p·Y_p as the kernel): kTight = 2u.
+//   - dp1/dp2/dv against the materialized reference backward (end to end: it uses the exact
+//     y, the kernel the bf16 y, which perturbs D_p by ~u·|dY||Y|/sqrt(Dh), small against the
+//     dF − D it enters): kLoose = 4u.
+//   - decode against the full GPU forward: both are bf16 roundings of one exact value, each
+//     within 2u, so within 4u of each other; against the reference: kTight.
+//   - stats are fp32 (no bf16 rounding): fp32 dots, SiLU, exp and log, ~1e-6 relative, so
+//     kStats = 5e-5.
+//   - dλ is an fp32 sum (over B·H·T rows, in double across rows) of log(p+1)·dR_pp, each term
+//     with an fp32 error ~1e-5 of its own size; the terms have random signs, so the error of
+//     the sum stays ~1e-5 of its size: kDlambda = 1e-3 relative to max(|dλ|, 1).
+// A wrong kernel (a missed tile, a wrong mask, the Self or count term, the first-token rule)
+// errs by O(1). Errors are ‖got − ref‖ / max(‖ref‖, 1): the floor covers gradients that vanish
+// exactly (T = 1: the flow of one token has no score gradient).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ostream>
+#include <vector>
+
+#include "cuda/attention.h"
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/relation.h"
+#include "gpu/gpu_testing.h"
+#include "ops/relation.h"
+#include "quiver/rng.h"
+#include "quiver/tensor.h"
+
+using namespace quiver;
+using namespace quiver::gpu_testing;
+
+namespace {
+
+constexpr double kU = 1.0 / 256.0;
+constexpr double kTight = 2 * kU;
+constexpr double kLoose = 4 * kU;
+constexpr double kStats = 5e-5;
+constexpr double kDlambda = 1e-3;
+
+// Random bf16 values (host); their F64 copy is exact, so the reference sees the kernel's inputs.
+Tensor random_bf16(const Shape& shape, Rng& rng, double lo, double hi) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  rng.fill_uniform(t, lo, hi);
+  return t.to(DType::BF16);
+}
+
+double norm(const Tensor& t) {
+  const Tensor d = t.to(DType::F64);
+  const double* p = d.data<double>();
+  double s = 0;
+  for (int64_t i = 0; i < d.numel(); ++i) s += p[i] * p[i];
+  return std::sqrt(s);
+}
+
+// ‖got − ref‖ / max(‖ref‖, 1), both F64 of one shape; NaN (an unwritten output) stays NaN.
+double error(const Tensor& got, const Tensor& ref) {
+  EXPECT_EQ(got.shape(), ref.shape());
+  const double* g = got.data<double>();
+  const double* r = ref.data<double>();
+  double diff = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) diff += (g[i] - r[i]) * (g[i] - r[i]);
+  return std::sqrt(diff) / std::max(norm(ref), 1.0);
+}
+
+// The error of the statistics: entries that are −inf in the reference (L_0) must be −inf in
+// got; the others are compared as error() does.
+double stats_error(const Tensor& got, const Tensor& ref) {
+  EXPECT_EQ(got.shape(), ref.shape());
+  const double* g = got.data<double>();
+  const double* r = ref.data<double>();
+  double diff = 0, size = 0;
+  int64_t infinite_mismatch = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (std::isinf(r[i])) {
+      infinite_mismatch += g[i] != r[i];
+      continue;
+    }
+    diff += (g[i] - r[i]) * (g[i] - r[i]);
+    size += r[i] * r[i];
+  }
+  EXPECT_EQ(infinite_mismatch, 0);
+  return std::sqrt(diff) / std::max(std::sqrt(size), 1.0);
+}
+
+// A device F32 scalar holding `value`.
+Tensor device_scalar(float value) {
+  Tensor host = Tensor::empty({1}, DType::F32);
+  host.data<float>()[0] = value;
+  return to_device(host);
+}
+
+float host_scalar(const Tensor& dev) { return to_host(dev).data<float>()[0]; }
+
+Tensor backward_workspace(int64_t B, int64_t T, int64_t H) {
+  const int64_t bytes = cuda::flash_relation_backward_workspace_bytes(B, T, H);
+  return poisoned({(bytes + 7) / 8}, DType::F64);
+}
+
+struct Case {
+  int64_t B, T, H, Dh;
+  bool exchange_only;
+  double tau_s, lambda;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_Dh" << c.Dh
+      << (c.exchange_only ? "_exchange_only" : "") << "_tau" << c.tau_s << "_lambda" << c.lambda;
+}
+
+// Every padded-width instantiation (16, ..., 128, with Dh equal to and below the padded width:
+// the presets' 48, 60, 64, 80 and 128), T = 1, below, just above and several times the 64-row
+// tile, B = 1 and 2, H = 2, 4 and 8, exchange-only on and off, τ_S ≠ 2, λ of both signs.
+const Case kCases[] = {
+    {2, 1, 4, 48, false, 2.0, 0.5},   {2, 1, 4, 64, true, 2.0, 0.5},
+    {2, 63, 8, 48, false, 2.0, 0.5},  {2, 65, 4, 60, true, 2.0, 0.7},
+    {2, 130, 4, 64, false, 1.3, 0.5}, {2, 130, 8, 80, true, 2.0, -0.4},
+    {2, 97, 4, 128, false, 2.0, 0.5}, {1, 200, 2, 128, true, 0.7, 0.3},
+    {2, 65, 4, 8, false, 2.0, 1.0},   {1, 129, 2, 32, false, 2.0, 0.5},
+    {2, 70, 4, 96, true, 2.0, 0.5},   {1, 77, 2, 100, false, 2.0, 0.5},
+    {2, 64, 4, 64, false, 2.0, 0.5},
+};
+
+class GpuRelation : public ::testing::TestWithParam<Case> {};
+
+// Forward: y against the materialized F64 reference, stats against the CPU FlashRelation's.
+// Backward: dp1, dp2, dv and dλ against the CPU FlashRelation backward fed the GPU's y
+// (kTight) and against the materialized reference (kLoose).
+TEST_P(GpuRelation, ForwardAndBackwardMatchTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Case c = GetParam();
+  Rng rng(2000 + c.T * 7 + c.Dh + (c.exchange_only ? 1 : 0));
+  const Shape shape{c.B, c.T, c.H, c.Dh}, stats_shape{c.B, c.H, c.T, 3};
+  const Tensor p1 = random_bf16(shape, rng, -2.0, 2.0);
+  const Tensor p2 = random_bf16(shape, rng, -2.0, 2.0);
+  const Tensor v = random_bf16(shape, rng, -1.0, 1.0);
+  const Tensor dy = random_bf16(shape, rng, -1.0, 1.0);
+  const Tensor p1_64 = p1.to(DType::F64), p2_64 = p2.to(DType::F64), v64 = v.to(DType::F64),
+               dy64 = dy.to(DType::F64);
+  // λ as the kernel sees it (an F32), so that the reference uses the same value.
+  const double lambda = static_cast<float>(c.lambda);
+  ops::RelationOptions ref_options;
+  ref_options.tau_s = static_cast<float>(c.tau_s);
+  ref_options.exchange_only = c.exchange_only;
+  cuda::RelationKernelOptions options;
+  options.tau_s = static_cast<float>(c.tau_s);
+  options.exchange_only = c.exchange_only;
+
+  const Tensor p1_dev = to_device(p1), p2_dev = to_device(p2), v_dev = to_device(v);
+  const Tensor lambda_dev = device_scalar(static_cast<float>(lambda));
+  Tensor y_dev = poisoned(shape, DType::BF16);
+  Tensor stats_dev = poisoned(stats_shape, DType::F32);
+  cuda::flash_relation_forward(p1_dev, p2_dev, v_dev, lambda_dev.data<float>(), y_dev, stats_dev,
+                               options);
+  const Tensor y_got = to_host_f64(y_dev), stats_got = to_host_f64(stats_dev);
+
+  Tensor y_ref, y_flash, stats_ref;
+  ops::relation_reference_forward(p1_64, p2_64, v64, lambda, y_ref, ref_options);
+  ops::flash_relation_forward(p1_64, p2_64, v64, lambda, y_flash, stats_ref, ref_options);
+  EXPECT_LT(error(y_got, y_ref), kTight);
+  EXPECT_LT(stats_error(stats_got, stats_ref), kStats);
+
+  const Tensor dy_dev = to_device(dy);
+  Tensor dp1 = poisoned(shape, DType::BF16), dp2 = poisoned(shape, DType::BF16),
+         dv = poisoned(shape, DType::BF16);
+  const float dlambda_start = 0.25f;  // the call accumulates into it
+  Tensor dlambda_dev = device_scalar(dlambda_start);
+  Tensor workspace = backward_workspace(c.B, c.T, c.H);
+  cuda::flash_relation_backward(p1_dev, p2_dev, v_dev, lambda_dev.data<float>(), y_dev, stats_dev,
+                                dy_dev, dp1, dp2, dv, dlambda_dev.data<float>(), options,
+                                workspace);
+  const Tensor dp1_got = to_host_f64(dp1), dp2_got = to_host_f64(dp2), dv_got = to_host_f64(dv);
+  const double dlambda_got = static_cast<double>(host_scalar(dlambda_dev)) - dlambda_start;
+
+  Tensor dp1_flash, dp2_flash, dv_flash;
+  const double dlambda_flash =
+      ops::flash_relation_backward(p1_64, p2_64, v64, lambda, y_got, stats_ref, dy64, dp1_flash,
+                                   dp2_flash, dv_flash, ref_options);
+  EXPECT_LT(error(dp1_got, dp1_flash), kTight);
+  EXPECT_LT(error(dp2_got, dp2_flash), kTight);
+  EXPECT_LT(error(dv_got, dv_flash), kTight);
+  EXPECT_LE(std::fabs(dlambda_got - dlambda_flash),
+            kDlambda * std::max(std::fabs(dlambda_flash), 1.0))
+      << "got " << dlambda_got << ", CPU FlashRelation " << dlambda_flash;
+
+  Tensor dp1_ref, dp2_ref, dv_ref;
+  const double dlambda_ref = ops::relation_reference_backward(
+      p1_64, p2_64, v64, lambda, dy64, dp1_ref, dp2_ref, dv_ref, ref_options);
+  EXPECT_LT(error(dp1_got, dp1_ref), kLoose);
+  EXPECT_LT(error(dp2_got, dp2_ref), kLoose);
+  EXPECT_LT(error(dv_got, dv_ref), kLoose);
+  // End to end, dλ also sees the bf16 rounding of y through D_p: allow 4u of its size.
+  EXPECT_LE(std::fabs(dlambda_got - dlambda_ref), kLoose * std::max(std::fabs(dlambda_ref), 1.0))
+      << "got " << dlambda_got << ", reference " << dlambda_ref;
+  if (c.T > 1) EXPECT_NE(dlambda_got, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
+
+// The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
+// Also covers 3-d inputs ([T, H, Dh], stats [H, T, 3]) and a null dλ.
+TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(91);
+  const int64_t T = 150, H = 4, Dh = 64;
+  const Shape shape{T, H, Dh};
+  const Tensor p1 = to_device(random_bf16(shape, rng, -2.0, 2.0));
+  const Tensor p2 = to_device(random_bf16(shape, rng, -2.0, 2.0));
+  const Tensor v = to_device(random_bf16(shape, rng, -1.0, 1.0));
+  const Tensor dy = to_device(random_bf16(shape, rng, -1.0, 1.0));
+  const Tensor lambda = device_scalar(0.5f);
+  const cuda::RelationKernelOptions options;
+  Tensor y = poisoned(shape, DType::BF16), stats = poisoned({H, T, 3}, DType::F32);
+  cuda::flash_relation_forward(p1, p2, v, lambda.data<float>(), y, stats, options);
+  Tensor workspace = backward_workspace(1, T, H);
+  Tensor dp1[3], dp2[3], dv[3], dlambda[2];
+  for (int run = 0; run < 3; ++run) {
+    dp1[run] = poisoned(shape, DType::BF16);
+    dp2[run] = poisoned(shape, DType::BF16);
+    dv[run] = poisoned(shape, DType::BF16);
+    float* dl = nullptr;
+    if (run < 2) {
+      dlambda[run] = device_scalar(0.0f);
+      dl = dlambda[run].data<float>();
+    }
+    cuda::flash_relation_backward(p1, p2, v, lambda.data<float>(), y, stats, dy, dp1[run], dp2[run],
+                                  dv[run], dl, options, workspace);
+  }
+  for (Tensor* g : {dp1, dp2, dv}) {
+    const Tensor a = to_host_f64(g[0]);
+    EXPECT_GT(norm(a), 0.0);
+    for (int run = 1; run < 3; ++run) {
+      const Tensor b = to_host_f64(g[run]);
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+    }
+  }
+  const float l0 = host_scalar(dlambda[0]), l1 = host_scalar(dlambda[1]);
+  EXPECT_EQ(std::memcmp(&l0, &l1, sizeof(float)), 0);
+  EXPECT_NE(l0, 0.0f);
+}
+
+struct DecodeCase {
+  int64_t B, T, H, Dh;
+  bool exchange_only;
+  double tau_s;
+  bool graph;  // replay one captured graph at every position
+};
+
+void PrintTo(const DecodeCase& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_Dh" << c.Dh
+      << (c.exchange_only ? "_exchange_only" : "") << "_tau" << c.tau_s
+      << (c.graph ? "_graph" : "");
+}
+
+const DecodeCase kDecodeCases[] = {
+    {2, 70, 4, 64, false, 2.0, false}, {2, 70, 4, 64, false, 2.0, true},
+    {2, 40, 8, 48, true, 2.0, true},   {1, 66, 2, 80, false, 1.5, false},
+    {2, 33, 4, 128, true, 2.0, false}, {2, 20, 4, 60, false, 2.0, true},
+};
+
+class GpuRelationDecode : public ::testing::TestWithParam<DecodeCase> {};
+
+// Decoding token by token from an empty cache reproduces the full forward at every position:
+// each y_row against the GPU forward's y (4u) and the reference (kTight); the cache holds
+// exactly the rows written.
+TEST_P(GpuRelationDecode, TokenByTokenMatchesTheFullForward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const DecodeCase c = GetParam();
+  Rng rng(3000 + c.T + c.Dh);
+  const Shape shape{c.B, c.T, c.H, c.Dh}, row_shape{c.B, c.H, c.Dh};
+  const int64_t capacity = c.T + 3;
+  const Tensor p1 = random_bf16(shape, rng, -2.0, 2.0);
+  const Tensor p2 = random_bf16(shape, rng, -2.0, 2.0);
+  const Tensor v = random_bf16(shape, rng, -1.0, 1.0);
+  const float lambda = 0.6f;
+  cuda::RelationKernelOptions options;
+  options.tau_s = static_cast<float>(c.tau_s);
+  options.exchange_only = c.exchange_only;
+  ops::RelationOptions ref_options;
+  ref_options.tau_s = options.tau_s;
+  ref_options.exchange_only = c.exchange_only;
+  const Tensor lambda_dev = device_scalar(lambda);
+
+  Tensor y_full = poisoned(shape, DType::BF16), stats = poisoned({c.B, c.H, c.T, 3}, DType::F32);
+  const Tensor p1_dev = to_device(p1), p2_dev = to_device(p2), v_dev = to_device(v);
+  cuda::flash_relation_forward(p1_dev, p2_dev, v_dev, lambda_dev.data<float>(), y_full, stats,
+                               options);
+  const Tensor y_full_host = to_host_f64(y_full);
+  Tensor y_ref;
+  ops::relation_reference_forward(p1.to(DType::F64), p2.to(DType::F64), v.to(DType::F64),
+                                  static_cast<double>(lambda), y_ref, ref_options);
+
+  Tensor cache_p2 = poisoned({c.B, capacity, c.H, c.Dh}, DType::BF16);
+  Tensor cache_v = poisoned({c.B, capacity, c.H, c.Dh}, DType::BF16);
+  Tensor p1_row = poisoned(row_shape, DType::BF16), p2_row = poisoned(row_shape, DType::BF16),
+         v_row = poisoned(row_shape, DType::BF16), y_row = poisoned(row_shape, DType::BF16);
+  Tensor pos_dev = Tensor::empty({1}, DType::F32, Device::CUDA);  // 4 bytes: the int32 position
+  int32_t* d_pos = static_cast<int32_t*>(pos_dev.raw());
+
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (c.graph) {
+    QV_CUDA_CHECK(cudaStreamCreate(&stream));
+    QV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    cuda::relation_decode_step(p1_row, p2_row, v_row, lambda_dev.data<float>(), cache_p2, cache_v,
+                               d_pos, y_row, options, stream);
+    QV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    QV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+
+  Tensor y_dec = Tensor::empty(shape, DType::F64);
+  for (int64_t t = 0; t < c.T; ++t) {
+    p1_row.copy_from(p1.slice(1, t, t + 1).clone().reshape(row_shape));
+    p2_row.copy_from(p2.slice(1, t, t + 1).clone().reshape(row_shape));
+    v_row.copy_from(v.slice(1, t, t + 1).clone().reshape(row_shape));
+    const int32_t pos = static_cast<int32_t>(t);
+    QV_CUDA_CHECK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
+    poison(y_row);
+    if (c.graph) {
+      QV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      QV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    } else {
+      cuda::relation_decode_step(p1_row, p2_row, v_row, lambda_dev.data<float>(), cache_p2, cache_v,
+                                 d_pos, y_row, options);
+    }
+    const Tensor y_t = to_host_f64(y_row);
+    for (int64_t b = 0; b < c.B; ++b)
+      std::memcpy(y_dec.data<double>() + (b * c.T + t) * c.H * c.Dh,
+                  y_t.data<double>() + b * c.H * c.Dh, sizeof(double) * c.H * c.Dh);
+  }
+  if (c.graph) {
+    QV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    QV_CUDA_CHECK(cudaGraphDestroy(graph));
+    QV_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+
+  EXPECT_LT(error(y_dec, y_full_host), kLoose);
+  EXPECT_LT(error(y_dec, y_ref), kTight);
+  // Per position as well, so a wrong step cannot hide in the norm over all of them.
+  for (int64_t t = 0; t < c.T; ++t) {
+    const Tensor got = y_dec.slice(1, t, t + 1).clone(), ref = y_ref.slice(1, t, t + 1).clone();
+    EXPECT_LT(error(got, ref), kTight) << "position " << t;
+  }
+  const Tensor cp2 = to_host(cache_p2).slice(1, 0, c.T).clone();
+  const Tensor cv = to_host(cache_v).slice(1, 0, c.T).clone();
+  EXPECT_EQ(std::memcmp(cp2.raw(), p2.raw(), p2.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(cv.raw(), v.raw(), v.nbytes()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelationDecode, ::testing::ValuesIn(kDecodeCases));
+
+// Milliseconds per call of the forward and the backward at the papers' three scales (65,536 /
+// 65,536 / 32,768 tokens per call, as shared/PERF.md's peer table), with the GPU flash
+// attention at the same shapes for comparison. Asserts only that the results are finite.
+TEST(GpuRelationTiming, ForwardBackwardMilliseconds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Scale {
+    int64_t B, T, H, Dh;
+  };
+  const Scale scales[] = {{64, 1024, 8, 48}, {32, 2048, 8, 64}, {8, 4096, 8, 80}};
+  Rng rng(5);
+  for (const Scale& s : scales) {
+    const Shape shape{s.B, s.T, s.H, s.Dh};
+    const Tensor p1 = to_device(random_bf16(shape, rng, -2.0, 2.0));
+    const Tensor p2 = to_device(random_bf16(shape, rng, -2.0, 2.0));
+    const Tensor v = to_device(random_bf16(shape, rng, -1.0, 1.0));
+    const Tensor dy = to_device(random_bf16(shape, rng, -1.0, 1.0));
+    const Tensor lambda = device_scalar(0.5f);
+    Tensor dlambda = device_scalar(0.0f);
+    const cuda::RelationKernelOptions options;
+    Tensor y = Tensor::empty(shape, DType::BF16, Device::CUDA);
+    Tensor stats = Tensor::empty({s.B, s.H, s.T, 3}, DType::F32, Device::CUDA);
+    Tensor dp1 = Tensor::empty(shape, DType::BF16, Device::CUDA);
+    Tensor dp2 = Tensor::empty(shape, DType::BF16, Device::CUDA);
+    Tensor dv = Tensor::empty(shape, DType::BF16, Device::CUDA);
+    Tensor workspace = backward_workspace(s.B, s.T, s.H);
+    Tensor lse = Tensor::empty({s.B, s.H, s.T}, DType::F32, Device::CUDA);
+
+    auto forward = [&] {
+      cuda::flash_relation_forward(p1, p2, v, lambda.data<float>(), y, stats, options);
+    };
+    auto backward = [&] {
+      cuda::flash_relation_backward(p1, p2, v, lambda.data<float>(), y, stats, dy, dp1, dp2, dv,
+                                    dlambda.data<float>(), options, workspace);
+    };
+    auto attn_forward = [&] { cuda::attention_forward(p1, p2, v, y, lse); };
+    auto attn_backward = [&] { cuda::attention_backward(p1, p2, v, y, lse, dy, dp1, dp2, dv); };
+
+    cudaEvent_t start, stop;
+    QV_CUDA_CHECK(cudaEventCreate(&start));
+    QV_CUDA_CHECK(cudaEventCreate(&stop));
+    constexpr int kReps = 3;
+    auto time_ms = [&](auto&& fn) {
+      fn();  // warm-up
+      QV_CUDA_CHECK(cudaEventRecord(start));
+      for (int r = 0; r < kReps; ++r) fn();
+      QV_CUDA_CHECK(cudaEventRecord(stop));
+      QV_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      QV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      return static_cast<double>(ms) / kReps;
+    };
+    const double fwd = time_ms(forward), bwd = time_ms(backward);
+    const Tensor y_host = to_host_f64(y);
+    const Tensor dp1_host = to_host_f64(dp1);
+    const float dl = host_scalar(dlambda);
+    const double afwd = time_ms(attn_forward), abwd = time_ms(attn_backward);
+    QV_CUDA_CHECK(cudaEventDestroy(start));
+    QV_CUDA_CHECK(cudaEventDestroy(stop));
+    std::printf(
+        "FlashRelation B=%lld T=%lld H=%lld Dh=%lld: forward %.3f ms, backward %.3f ms, total "
+        "%.3f ms; flash attention forward %.3f ms, backward %.3f ms, total %.3f ms\n",
+        static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.H),
+        static_cast<long long>(s.Dh), fwd, bwd, fwd + bwd, afwd, abwd, afwd + abwd);
+    EXPECT_TRUE(std::isfinite(norm(y_host)));
+    EXPECT_TRUE(std::isfinite(norm(dp1_host)));
+    EXPECT_TRUE(std::isfinite(dl));
+  }
+}
+
+}  // namespace
