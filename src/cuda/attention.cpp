@@ -15,6 +15,7 @@ namespace {
 
 constexpr const char* kForward = "cuda::attention_forward";
 constexpr const char* kBackward = "cuda::attention_backward";
+constexpr const char* kDecode = "cuda::attention_decode_step";
 
 void check_input(const Tensor& t, DType dtype, const Shape& shape, const char* op,
                  const char* name) {
@@ -124,6 +125,52 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                       []<int P>(const detail::AttentionBackwardArgs& a, cudaStream_t s) {
                         detail::launch_attention_backward<P>(a, s);
                       });
+}
+
+void attention_decode_step(const Tensor& q_row, const Tensor& k_row, const Tensor& v_row,
+                           Tensor& cache_k, Tensor& cache_v, const int32_t* d_pos, Tensor& y_row,
+                           cudaStream_t stream) {
+  QV_CHECK(q_row.defined() && k_row.defined() && v_row.defined() && cache_k.defined() &&
+               cache_v.defined(),
+           "{}: q_row, k_row, v_row, cache_k and cache_v must be defined", kDecode);
+  QV_CHECK(q_row.ndim() == 3, "{}: q_row: expected [B, Hq, Dh], got {}", kDecode,
+           shape_str(q_row.shape()));
+  const int64_t B = q_row.dim(0), Hq = q_row.dim(1), Dh = q_row.dim(2);
+  QV_CHECK(k_row.ndim() == 3 && k_row.dim(0) == B && k_row.dim(2) == Dh && k_row.dim(1) > 0 &&
+               Hq % k_row.dim(1) == 0,
+           "{}: k_row: expected [{}, a divisor of {}, {}], got {}", kDecode, B, Hq, Dh,
+           shape_str(k_row.shape()));
+  const int64_t Hkv = k_row.dim(1);
+  QV_CHECK(B > 0 && Hq > 0 && Dh > 0, "{}: q_row: every size must be positive, got {}", kDecode,
+           shape_str(q_row.shape()));
+  QV_CHECK(Dh <= detail::kAttentionMaxHeadDim, "{}: head width {} exceeds the supported {}",
+           kDecode, Dh, detail::kAttentionMaxHeadDim);
+  QV_CHECK(B <= 65535, "{}: batch {} exceeds 65535", kDecode, B);
+  QV_CHECK(cache_k.ndim() == 4 && cache_k.dim(0) == B && cache_k.dim(2) == Hkv &&
+               cache_k.dim(3) == Dh && cache_k.dim(1) > 0,
+           "{}: cache_k: expected [{}, capacity, {}, {}], got {}", kDecode, B, Hkv, Dh,
+           shape_str(cache_k.shape()));
+  QV_CHECK(d_pos != nullptr, "{}: d_pos is null", kDecode);
+  const Shape kv_shape = k_row.shape(), cache_shape = cache_k.shape();
+  check_input(q_row, DType::BF16, q_row.shape(), kDecode, "q_row");
+  check_input(k_row, DType::BF16, kv_shape, kDecode, "k_row");
+  check_input(v_row, DType::BF16, kv_shape, kDecode, "v_row");
+  check_input(cache_k, DType::BF16, cache_shape, kDecode, "cache_k");
+  check_input(cache_v, DType::BF16, cache_shape, kDecode, "cache_v");
+  prepare_output(y_row, DType::BF16, q_row.shape(), kDecode, "y_row");
+  const detail::AttentionDecodeArgs args{B,
+                                         Hq,
+                                         Hkv,
+                                         Dh,
+                                         cache_shape[1],
+                                         bf16_in(q_row),
+                                         bf16_in(k_row),
+                                         bf16_in(v_row),
+                                         bf16_out(cache_k),
+                                         bf16_out(cache_v),
+                                         d_pos,
+                                         bf16_out(y_row)};
+  detail::launch_attention_decode(args, stream);
 }
 
 }  // namespace quiver::cuda

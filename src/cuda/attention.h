@@ -16,11 +16,40 @@
 // Each call enqueues its kernels on `stream`, uses no scratch memory and never synchronizes
 // the host.
 //
-// Kernels: one tiled mixer (a 64-row query tile against 64-row key tiles staged in shared
-// memory, online softmax state m, l, acc in fp32) with the score rule isolated in a small
-// device functor, so FlashRelation can plug in its own rule later. The math is scalar fp32 on
-// CUDA cores for now: tensor-core (mma/wgmma) tiles come in a later session.
+// Kernels: one tiled mixer and a score rule. The mixer (attention.cu) owns the tiles, the
+// tensor-core products and the normalization: blocks of 4 warps, 64-row query and key tiles
+// staged in shared memory by cp.async (two stages deep), each warp owning 16 rows of the
+// product it accumulates; mma.sync m16n8k16 with bf16 operands from ldmatrix and fp32
+// accumulators; the online softmax (forward) in registers with exp2f, log2(e)·scale folded into
+// the logit. Head widths are padded to a multiple of 16 (24 -> 32) with zeros. The backward is
+// FlashAttention-2's: dK/dV per key tile looping over the query tiles (and the group's query
+// heads), dQ in a second kernel per query tile looping over the key tiles.
+//   Precision of the products: q, k, v, dy enter the mma exactly (they are bf16); the
+// probabilities P (forward, dV) and dS (dK, dQ) are rounded to bf16 as mma operands, as in
+// every FlashAttention; the normalizer, lse and D = dy·y stay fp32.
+//
+// A second score rule: the rule is a small device functor (CausalSoftmaxRule in attention.cu)
+// with visible(p, j), logit(dot), probability(dot, lse2) and ds(P, dP, D); the mixer calls it on
+// every score fragment element and asks visible() only on tiles that reach the diagonal (keys of
+// earlier tiles must be visible: a history mask, j <= p or j < p). FlashRelation (SiLU scores
+// over the strict history, a Self term) plugs in as its own functor and a kernel instantiation:
+// visible() = j < p, probability() the SiLU weight of the score, ds() its derivative; its
+// normalization is not the online softmax, so it brings its own row step (the forward's
+// max/rescale block) and applies the Self and count terms around the mixer.
+//
+// Why mma.sync and not wgmma: the kernels are FlashAttention-2-shaped (a warp owns 16 rows and
+// its softmax state), which mma.sync expresses directly and which handles every padded width
+// 16..128 and the backward's five products with one fragment convention; wgmma needs a
+// warpgroup-wide 64-row tile, shared-memory B operands in its swizzled layout and asynchronous
+// pipelining with producer warps (FlashAttention-3) to pay off. That is the next step if these
+// kernels become the bottleneck.
+//
+// Decode: one block per (query head, batch); teams of lanes take positions round-robin, each
+// with an online softmax in fp32, merged in the warp by shuffles and across warps in shared
+// memory.
 #pragma once
+
+#include <cstdint>
 
 #include <cuda_runtime.h>
 
@@ -40,5 +69,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                         const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv,
                         cudaStream_t stream = nullptr);
+
+// One decode step for B sequences in lockstep at position pos = *d_pos (device int32: tokens
+// already in the cache). q_row BF16 [B, Hq, Dh]; k_row, v_row BF16 [B, Hkv, Dh]; cache_k,
+// cache_v BF16 [B, capacity, Hkv, Dh]; y_row BF16 [B, Hq, Dh] assigned. Writes k_row, v_row into
+// the caches at row pos, then attends over rows 0..pos (scale 1/sqrt(Dh), fp32 softmax, y
+// rounded to bf16 once). Reads pos on the device only (capturable in a CUDA graph); caller
+// guarantees pos < capacity; no scratch, no sync.
+void attention_decode_step(const Tensor& q_row, const Tensor& k_row, const Tensor& v_row,
+                           Tensor& cache_k, Tensor& cache_v, const int32_t* d_pos, Tensor& y_row,
+                           cudaStream_t stream = nullptr);
 
 }  // namespace quiver::cuda

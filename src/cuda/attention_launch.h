@@ -2,8 +2,9 @@
 // device pointers, assume the shapes were checked by the entry points (attention.cpp), launch
 // on `stream` and check the launches. bf16 buffers are uint16_t (the bits of quiver::bf16).
 //
-// The kernels are templated on the padded head width kPadded (a multiple of 16, at least Dh):
-// lanes d >= Dh are loaded as zeros and never stored. attention.cpp picks the instantiation.
+// The flash kernels are templated on the padded head width kPadded (a multiple of 16, at least
+// Dh, the k extent of one bf16 mma): lanes d >= Dh are loaded as zeros and never stored.
+// attention.cpp picks the instantiation. The decode kernel picks its own from Dh.
 #pragma once
 #include <cstdint>
 
@@ -38,7 +39,21 @@ struct AttentionBackwardArgs {
   uint16_t* dv;
 };
 
-// Query and key rows per tile; the grids have one block per (tile, head, batch).
+// One decode step (attention_decode_step): q, y [B, Hq, Dh]; k, v [B, Hkv, Dh];
+// cache_k, cache_v [B, capacity, Hkv, Dh]; *pos (device) is the cache row written.
+struct AttentionDecodeArgs {
+  int64_t B, Hq, Hkv, Dh, capacity;
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  uint16_t* cache_k;
+  uint16_t* cache_v;
+  const int32_t* pos;
+  uint16_t* y;
+};
+
+// Key rows per tile and query rows per forward / dQ block; the grids have one block per
+// (tile, head, batch).
 inline constexpr int kAttentionTile = 64;
 // Padded head widths with an instantiation: 16, 32, ..., 128.
 inline constexpr int kAttentionPadStep = 16;
@@ -48,6 +63,8 @@ template <int kPadded>
 void launch_attention_forward(const AttentionForwardArgs& args, cudaStream_t stream);
 template <int kPadded>
 void launch_attention_backward(const AttentionBackwardArgs& args, cudaStream_t stream);
+
+void launch_attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream);
 
 #define QUIVER_ATTENTION_DECLARE(P)                                                            \
   extern template void launch_attention_forward<P>(const AttentionForwardArgs&, cudaStream_t); \

@@ -2,15 +2,19 @@
 // src/ops/attention.h, run in F64 on the same bf16 inputs.
 //
 // Tolerances. bf16 keeps 8 significant bits: unit roundoff u = 2^-8 ≈ 3.9e-3. The inputs are
-// bf16 already (exact in F64), the kernels compute in fp32 (relative error ~Dh·2^-24 ≈ 1e-5
-// at worst, far below u) and round each output to bf16 once, which is within u of the fp32
-// value elementwise, so within u in relative norm:
+// bf16 already (exact in F64 and exact as mma operands); products accumulate in fp32 (relative
+// error ~Dh·2^-24, far below u). Two bf16 roundings enter each output: the probabilities P
+// (forward, dV) or dS (dK, dQ) as mma operands, and the output itself; each is within u
+// elementwise (about u/√3 in rms over many elements), so the output is within 2u in relative
+// norm:
 //   - y, and dq/dk/dv against the CPU flash backward given the GPU's own y and the exact
 //     lse (the same D_p = dy_p·y_p as the kernel): kTight = 2u.
 //   - dq/dk/dv against the materialized reference (end to end: it uses the exact y, the
 //     kernel the bf16 y, which perturbs D_p by ~u·|dy||y|/sqrt(Dh), small against the
 //     dP − D it enters): kLoose = 4u.
-//   - lse is fp32 (no bf16 rounding): fp32 dots and exp/log, ~1e-6 relative: kLse = 2e-5.
+//   - lse is fp32 (no bf16 rounding): fp32 dots and exp2/log2, ~1e-6 relative: kLse = 2e-5.
+//   - the decode step keeps P in fp32 and rounds y once: within u of the exact y, and within
+//     kTight of the forward's y (each is within about u of the exact value in rms).
 // A wrong kernel (a missed tile, a wrong mask, head or scale) errs by O(1). Errors are
 // ‖got − ref‖ / max(‖ref‖, 1): the floor covers gradients that vanish exactly (T = 1: the
 // softmax over one key has no score gradient, so dq = dk = 0).
@@ -18,6 +22,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <ostream>
 #include <vector>
@@ -74,12 +80,15 @@ void PrintTo(const Case& c, std::ostream* os) {
 }
 
 // The cases cover every padded-width instantiation (16, 32, ..., 128, with Dh both equal to
-// and below the padded width), T = 1, T below, just above and several times the 64-row tile,
-// MHA and GQA groups of 2 and 4, B = 1 and 2.
+// and below the padded width; Dh % 8 != 0 takes the unaligned load path), T = 1, T below, just
+// above and several times the 64-row tile, MHA and GQA groups of 2 and 4, B = 1 and 2; the
+// widths above 64 reload their A fragments per tile, those above 96 run the dK/dV loop with
+// 32-row query tiles.
 const Case kCases[] = {
     {2, 1, 4, 4, 64},    {2, 63, 8, 2, 48},  {2, 65, 4, 4, 24},  {2, 200, 8, 2, 128},
     {1, 130, 2, 1, 60},  {2, 97, 4, 2, 80},  {1, 129, 2, 2, 96}, {2, 70, 3, 3, 32},
-    {1, 77, 4, 1, 100},  {2, 40, 2, 2, 8},   {1, 64, 2, 1, 128},
+    {1, 77, 4, 1, 100},  {2, 40, 2, 2, 8},   {1, 64, 2, 1, 128}, {1, 300, 4, 2, 24},
+    {1, 161, 2, 1, 112}, {2, 257, 2, 2, 80}, {1, 190, 4, 4, 16},
 };
 
 class GpuAttention : public ::testing::TestWithParam<Case> {};
@@ -154,6 +163,166 @@ TEST(GpuAttentionDeterminism, BackwardIsBitwiseReproducible) {
     EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
     EXPECT_GT(norm(a), 0.0);
   }
+}
+
+// Rows [b, t, :, :] of a host [B, T, H, Dh] bf16 tensor for every b, as a [B, H, Dh] tensor.
+Tensor time_row(const Tensor& x, int64_t t) {
+  const int64_t B = x.dim(0), T = x.dim(1), width = x.dim(2) * x.dim(3);
+  Tensor row = Tensor::empty({B, x.dim(2), x.dim(3)}, DType::BF16);
+  for (int64_t b = 0; b < B; ++b)
+    std::memcpy(row.data<bf16>() + b * width, x.data<bf16>() + (b * T + t) * width,
+                width * sizeof(bf16));
+  return row;
+}
+
+class GpuAttentionDecode : public ::testing::TestWithParam<Case> {};
+
+// Steps token by token from an empty (poisoned) cache; each y_row must match the forward's y at
+// that position and the materialized reference, the cache rows 0..T-1 must hold k and v
+// exactly, and the rows past T must stay untouched. T = 600 at Dh = 24 takes the teams of
+// the block through more than one round of positions.
+TEST_P(GpuAttentionDecode, StepsMatchTheForward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Case c = GetParam();
+  Rng rng(500 + c.T * 3 + c.Dh);
+  const int64_t capacity = c.T + 5;
+  const Shape q_shape{c.B, c.T, c.Hq, c.Dh}, kv_shape{c.B, c.T, c.Hkv, c.Dh};
+  const Tensor q = random_bf16(q_shape, rng, -2.0, 2.0);
+  const Tensor k = random_bf16(kv_shape, rng, -2.0, 2.0);
+  const Tensor v = random_bf16(kv_shape, rng, -1.0, 1.0);
+
+  Tensor y_fwd, lse_fwd;
+  cuda::attention_forward(to_device(q), to_device(k), to_device(v), y_fwd, lse_fwd);
+  Tensor y_ref;
+  ops::attention_reference_forward(q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), y_ref);
+
+  Tensor cache_k = poisoned({c.B, capacity, c.Hkv, c.Dh}, DType::BF16);
+  Tensor cache_v = poisoned({c.B, capacity, c.Hkv, c.Dh}, DType::BF16);
+  int32_t* d_pos = nullptr;
+  QV_CUDA_CHECK(cudaMalloc(&d_pos, sizeof(int32_t)));
+  Tensor y_steps = Tensor::empty(q_shape, DType::BF16);
+  const int64_t width = c.Hq * c.Dh;
+  for (int64_t t = 0; t < c.T; ++t) {
+    const int32_t pos = static_cast<int32_t>(t);
+    QV_CUDA_CHECK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
+    Tensor y_row = poisoned({c.B, c.Hq, c.Dh}, DType::BF16);
+    cuda::attention_decode_step(to_device(time_row(q, t)), to_device(time_row(k, t)),
+                                to_device(time_row(v, t)), cache_k, cache_v, d_pos, y_row);
+    const Tensor y_host = to_host(y_row);
+    for (int64_t b = 0; b < c.B; ++b)
+      std::memcpy(y_steps.data<bf16>() + (b * c.T + t) * width, y_host.data<bf16>() + b * width,
+                  width * sizeof(bf16));
+  }
+  QV_CUDA_CHECK(cudaFree(d_pos));
+
+  const Tensor y_got = y_steps.to(DType::F64);
+  EXPECT_LT(error(y_got, to_host_f64(y_fwd)), kTight);
+  EXPECT_LT(error(y_got, y_ref), kTight);
+
+  const int64_t row = c.Hkv * c.Dh;
+  for (const auto& [cache, src] : {std::pair{&cache_k, &k}, std::pair{&cache_v, &v}}) {
+    const Tensor got = to_host(*cache);
+    for (int64_t b = 0; b < c.B; ++b) {
+      EXPECT_EQ(std::memcmp(got.data<bf16>() + b * capacity * row,
+                            src->data<bf16>() + b * c.T * row, c.T * row * sizeof(bf16)),
+                0);
+      const bf16* rest = got.data<bf16>() + (b * capacity + c.T) * row;
+      for (int64_t i = 0; i < (capacity - c.T) * row; ++i) ASSERT_EQ(rest[i].bits, 0xFFFF);
+    }
+  }
+}
+
+// Team widths 1, 2, 4, 8 and 16 lanes (Dh 8, 16, 24, 64, 128), Dh % 8 != 0 (20, 100), MHA and
+// GQA.
+const Case kDecodeCases[] = {
+    {2, 70, 4, 2, 24}, {1, 600, 4, 4, 24}, {2, 40, 8, 2, 64}, {1, 33, 2, 1, 128},
+    {2, 30, 3, 1, 20}, {1, 20, 2, 2, 8},   {1, 45, 4, 2, 16}, {1, 25, 2, 1, 100},
+};
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionDecode, ::testing::ValuesIn(kDecodeCases));
+
+// Median of `trials` timings (ms) of `work` on `stream`, after two warm-up runs.
+template <class Work>
+double median_ms(int trials, Work work, cudaStream_t stream = nullptr) {
+  cudaEvent_t start, stop;
+  QV_CUDA_CHECK(cudaEventCreate(&start));
+  QV_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) work();
+  std::vector<double> ms;
+  for (int i = 0; i < trials; ++i) {
+    QV_CUDA_CHECK(cudaEventRecord(start, stream));
+    work();
+    QV_CUDA_CHECK(cudaEventRecord(stop, stream));
+    QV_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    QV_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  QV_CUDA_CHECK(cudaEventDestroy(start));
+  QV_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Times forward + backward and the forward alone (cudaEvents, median of 10) at the Relation
+// paper's scales and alg110m's, and the decode step of alg110m-dense at batch 1 (a CUDA graph
+// of 100 steps, so launch gaps do not count). Prints; asserts only that the results are finite.
+TEST(GpuAttentionTiming, ForwardBackwardAtModelScales) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Case shapes[] = {
+      {64, 1024, 8, 8, 48}, {32, 2048, 8, 8, 64}, {8, 4096, 8, 8, 80}, {40, 1536, 32, 32, 24}};
+  std::printf("%-26s %10s %14s %12s %14s\n", "shape (B, T, H, Dh)", "fwd ms", "fwd tok/s",
+              "fwd+bwd ms", "fwd+bwd tok/s");
+  Rng rng(4242);
+  for (const Case& c : shapes) {
+    const Shape shape{c.B, c.T, c.Hq, c.Dh};
+    const Tensor x = to_device(random_bf16(shape, rng, -1.0, 1.0));
+    Tensor y, lse, dq, dk, dv;
+    const double fwd = median_ms(10, [&] { cuda::attention_forward(x, x, x, y, lse); });
+    const double both = median_ms(10, [&] {
+      cuda::attention_forward(x, x, x, y, lse);
+      cuda::attention_backward(x, x, x, y, lse, x, dq, dk, dv);
+    });
+    const double tokens = static_cast<double>(c.B * c.T);
+    std::printf("(%3lld, %4lld, %2lld, %3lld)        %10.3f %14.3e %12.3f %14.3e\n",
+                static_cast<long long>(c.B), static_cast<long long>(c.T),
+                static_cast<long long>(c.Hq), static_cast<long long>(c.Dh), fwd,
+                tokens / (fwd * 1e-3), both, tokens / (both * 1e-3));
+    EXPECT_TRUE(std::isfinite(fwd) && std::isfinite(both));
+    const Tensor lse_host = to_host_f64(lse);
+    EXPECT_TRUE(std::isfinite(norm(lse_host)));
+    EXPECT_TRUE(std::isfinite(norm(to_host_f64(dq))));
+  }
+
+  const int64_t Hq = 32, Dh = 24, capacity = 2048;
+  const Tensor q_row = to_device(random_bf16({1, Hq, Dh}, rng, -1.0, 1.0));
+  const Tensor kv_row = to_device(random_bf16({1, Hq, Dh}, rng, -1.0, 1.0));
+  Tensor cache_k = to_device(random_bf16({1, capacity, Hq, Dh}, rng, -1.0, 1.0));
+  Tensor cache_v = to_device(random_bf16({1, capacity, Hq, Dh}, rng, -1.0, 1.0));
+  Tensor y_row = Tensor::empty({1, Hq, Dh}, DType::BF16, Device::CUDA);
+  int32_t* d_pos = nullptr;
+  QV_CUDA_CHECK(cudaMalloc(&d_pos, sizeof(int32_t)));
+  cudaStream_t stream;
+  QV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kSteps = 100;
+  for (const int32_t pos : {127, 511, 2047}) {
+    QV_CUDA_CHECK(cudaMemcpy(d_pos, &pos, sizeof(pos), cudaMemcpyHostToDevice));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    QV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kSteps; ++i)
+      cuda::attention_decode_step(q_row, kv_row, kv_row, cache_k, cache_v, d_pos, y_row, stream);
+    QV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    QV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms =
+        median_ms(10, [&] { QV_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, stream);
+    std::printf("decode B=1 H=32 Dh=24 pos=%4d: %.2f us per step (graph of %d)\n", pos,
+                ms * 1e3 / kSteps, kSteps);
+    EXPECT_TRUE(std::isfinite(norm(to_host_f64(y_row))));
+    QV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    QV_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  QV_CUDA_CHECK(cudaStreamDestroy(stream));
+  QV_CUDA_CHECK(cudaFree(d_pos));
 }
 
 }  // namespace
