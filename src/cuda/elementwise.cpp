@@ -107,9 +107,9 @@ void check_embedding(const char* op, const int32_t* tokens, int64_t n, const Ten
            shape_str(rows.shape()));
 }
 
-void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, double base, bool inverse,
-                   const char* op, const char* in_name, const char* out_name,
-                   cudaStream_t stream) {
+void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, const int32_t* pos_offset,
+                   double base, bool inverse, const char* op, const char* in_name,
+                   const char* out_name, cudaStream_t stream) {
   check_device(in, DType::BF16, op, in_name);
   QV_CHECK(in.ndim() == 3 || in.ndim() == 4, "{}: {} must be [T, H, Dh] or [B, T, H, Dh], got {}",
            op, in_name, shape_str(in.shape()));
@@ -122,7 +122,7 @@ void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, double base, boo
   check_like(out, in, DType::BF16, op, out_name, in_name);
   const int64_t batch = in.ndim() == 4 ? in.dim(0) : 1;
   detail::launch_rope(bf16_in(in), bf16_out(out), batch, in.dim(-3), in.dim(-2), head_dim, pos0,
-                      base, inverse, stream);
+                      pos_offset, base, inverse, stream);
 }
 
 }  // namespace
@@ -214,11 +214,22 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 }
 
 void rope_forward(const Tensor& x, Tensor& y, int64_t pos0, double base, cudaStream_t stream) {
-  rope_dispatch(x, y, pos0, base, false, "cuda::rope_forward", "x", "y", stream);
+  rope_dispatch(x, y, pos0, nullptr, base, false, "cuda::rope_forward", "x", "y", stream);
 }
 
 void rope_backward(const Tensor& dy, Tensor& dx, int64_t pos0, double base, cudaStream_t stream) {
-  rope_dispatch(dy, dx, pos0, base, true, "cuda::rope_backward", "dy", "dx", stream);
+  rope_dispatch(dy, dx, pos0, nullptr, base, true, "cuda::rope_backward", "dy", "dx", stream);
+}
+
+void rope_forward_at(const Tensor& x, Tensor& y, const int32_t* pos, double base,
+                     cudaStream_t stream) {
+  const char* op = "cuda::rope_forward_at";
+  QV_CHECK(pos != nullptr, "{}: pos must point to the device position", op);
+  QV_CHECK(x.ndim() == 3, "{}: x must be decode rows [B, H, Dh], got {}", op, shape_str(x.shape()));
+  // [B, H, Dh] rows are [B, 1, H, Dh]: one position per sequence.
+  Tensor x4 = x.reshape({x.dim(0), 1, x.dim(1), x.dim(2)});
+  Tensor y4 = y.reshape({y.dim(0), 1, y.dim(1), y.dim(2)});
+  rope_dispatch(x4, y4, 0, pos, base, false, op, "x", "y", stream);
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out, cudaStream_t stream) {

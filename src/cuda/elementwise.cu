@@ -48,8 +48,8 @@ __global__ void embedding_backward_kernel(const int32_t* tokens, int64_t n, cons
 // One thread per (batch, position, pair i): the angle's cos/sin are computed once in fp64
 // and applied to the pair (i, i + half) of every head.
 __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq,
-                            int64_t heads, int64_t head_dim, int64_t pos0, double base,
-                            double sign) {
+                            int64_t heads, int64_t head_dim, int64_t pos0,
+                            const int32_t* pos_offset, double base, double sign) {
   const int64_t half = head_dim / 2;
   const int64_t total = batch * seq * half;
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
@@ -59,7 +59,8 @@ __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t batch, int64
     const double inv_freq =
         pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
     double s, c;
-    sincos(static_cast<double>(pos0 + t) * inv_freq, &s, &c);
+    const int64_t pos = pos0 + t + (pos_offset ? *pos_offset : 0);
+    sincos(static_cast<double>(pos) * inv_freq, &s, &c);
     const float cf = static_cast<float>(c), sf = static_cast<float>(sign * s);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t base_index = (row * heads + h) * head_dim;
@@ -154,11 +155,12 @@ void launch_embedding_backward(const int32_t* tokens, int64_t n, const uint16_t*
 }
 
 void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int64_t heads,
-                 int64_t head_dim, int64_t pos0, double base, bool inverse, cudaStream_t stream) {
+                 int64_t head_dim, int64_t pos0, const int32_t* pos_offset, double base,
+                 bool inverse, cudaStream_t stream) {
   const int64_t total = batch * seq * (head_dim / 2);
   if (total == 0 || heads == 0) return;
   rope_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-      x, y, batch, seq, heads, head_dim, pos0, base, inverse ? -1.0 : 1.0);
+      x, y, batch, seq, heads, head_dim, pos0, pos_offset, base, inverse ? -1.0 : 1.0);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

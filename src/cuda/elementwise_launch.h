@@ -31,9 +31,12 @@ void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* wei
                           int64_t width, uint16_t* dx, float* dweight, float* dbias,
                           cudaStream_t stream);
 
-// RoPE on contiguous bf16 [batch, seq, heads, head_dim]; y may equal x.
+// RoPE on contiguous bf16 [batch, seq, heads, head_dim]; y may equal x. Row t is at position
+// pos0 + t, plus *pos_offset when pos_offset (device memory) is not null: decoding reads its
+// position on the device, so one captured graph serves every step.
 void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int64_t heads,
-                 int64_t head_dim, int64_t pos0, double base, bool inverse, cudaStream_t stream);
+                 int64_t head_dim, int64_t pos0, const int32_t* pos_offset, double base,
+                 bool inverse, cudaStream_t stream);
 
 // Activations over n bf16 elements.
 void launch_swiglu_forward(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,

@@ -55,6 +55,10 @@ void rope_forward(const Tensor& x, Tensor& y, int64_t pos0, double base = ops::k
                   cudaStream_t stream = nullptr);
 void rope_backward(const Tensor& dy, Tensor& dx, int64_t pos0, double base = ops::kRopeBase,
                    cudaStream_t stream = nullptr);
+// RoPE of decode rows: x, y BF16 [B, H, Dh], every row at position *pos (device int32, read on
+// the device so that a captured decode graph serves every position). y may alias x.
+void rope_forward_at(const Tensor& x, Tensor& y, const int32_t* pos, double base = ops::kRopeBase,
+                     cudaStream_t stream = nullptr);
 
 // Activations as ops/activation.h; all BF16, one shape; outputs assigned.
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out,

@@ -163,7 +163,16 @@ double GenerationStats::new_tokens_per_s() const {
 
 TextGeneration generate_text(model::Model& model, const text::Tokenizer& tokenizer,
                              const std::vector<std::string>& prompts, const GenerateOptions& options) {
-  const model::ModelConfig& cfg = model.config();
+  return generate_text(model.config(), tokenizer, prompts, options,
+                       [&](const std::vector<std::vector<int32_t>>& batch, int64_t max_new, std::vector<Sampler>& samplers,
+                           const std::vector<int32_t>& stop_ids, const StopCheck& stop_check, DecodeTiming* timing) {
+                         return generate_tokens(model, batch, max_new, samplers, stop_ids, stop_check, timing);
+                       });
+}
+
+TextGeneration generate_text(const model::ModelConfig& cfg, const text::Tokenizer& tokenizer,
+                             const std::vector<std::string>& prompts, const GenerateOptions& options,
+                             const BatchGenerator& generate_batch) {
   QV_CHECK(tokenizer.vocab_size() == cfg.vocab_size,
            "vocabulary mismatch: the tokenizer '{}' has {} tokens but the model '{}' has vocab_size {}",
            tokenizer.source(), tokenizer.vocab_size(), cfg.name, cfg.vocab_size);
@@ -233,7 +242,7 @@ TextGeneration generate_text(model::Model& model, const text::Tokenizer& tokeniz
             completion_text(tokenizer, batch[row], prompt_texts[row], tokens);
         return first_stop(text, options.stop_strings) != std::string::npos;
       };
-    auto completions = generate_tokens(model, batch, max_new, samplers, stop_ids, stop_check, &result.stats.decode);
+    auto completions = generate_batch(batch, max_new, samplers, stop_ids, stop_check, &result.stats.decode);
     t0 = Clock::now();
     for (size_t k = 0; k < members.size(); ++k) {
       Completion& c = result.completions[members[k]];

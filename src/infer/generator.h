@@ -86,4 +86,14 @@ struct TextGeneration {
 TextGeneration generate_text(model::Model& model, const text::Tokenizer& tokenizer,
                              const std::vector<std::string>& prompts, const GenerateOptions& options);
 
+// The same with another decoder (the GPU's, cuda/generate.h): generate_batch runs one batch of
+// equal-length prompts as generate_tokens does.
+using StopCheck = std::function<bool(size_t row, const std::vector<int32_t>& tokens)>;
+using BatchGenerator = std::function<std::vector<TokenCompletion>(
+    const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens, std::vector<Sampler>& samplers,
+    const std::vector<int32_t>& stop_ids, const StopCheck& stop_check, DecodeTiming* timing)>;
+TextGeneration generate_text(const model::ModelConfig& cfg, const text::Tokenizer& tokenizer,
+                             const std::vector<std::string>& prompts, const GenerateOptions& options,
+                             const BatchGenerator& generate_batch);
+
 }  // namespace quiver::infer

@@ -335,7 +335,10 @@ void BatchLoader::next(int32_t* tokens, int32_t* targets) {
   }
 }
 
-double evaluate(model::Model& model, const TokenSplit& split, int64_t B, int64_t T) {
+namespace {
+
+template <class LossFn>
+double evaluate_with(LossFn&& forward_loss, const TokenSplit& split, int64_t B, int64_t T) {
   const int64_t n = split.size();
   QV_CHECK(n >= 2, "the validation split holds {} token(s); evaluation needs at least 2", n);
   const int64_t predicted = n - 1;
@@ -352,11 +355,23 @@ double evaluate(model::Model& model, const TokenSplit& split, int64_t B, int64_t
         targets[b * length + t] = w[t + 1];
       }
     }
-    nll += model.forward_loss(tokens.data(), targets.data(), rows, length) * static_cast<double>(rows * length);
+    nll += forward_loss(tokens.data(), targets.data(), rows, length) * static_cast<double>(rows * length);
   };
   for (int64_t w = 0; w < full_windows; w += B) run(w, std::min(B, full_windows - w), T, T);
   if (rest > 0) run(full_windows, 1, rest, T);
   return nll / static_cast<double>(predicted);
+}
+
+}  // namespace
+
+double evaluate(model::Model& model, const TokenSplit& split, int64_t B, int64_t T) {
+  return evaluate_with([&](const int32_t* x, const int32_t* y, int64_t b, int64_t t) { return model.forward_loss(x, y, b, t); },
+                       split, B, T);
+}
+
+double evaluate(Engine& engine, const TokenSplit& split, int64_t B, int64_t T) {
+  return evaluate_with([&](const int32_t* x, const int32_t* y, int64_t b, int64_t t) { return engine.forward_loss(x, y, b, t); },
+                       split, B, T);
 }
 
 std::vector<json> read_metrics(const std::string& path) {
@@ -599,11 +614,13 @@ TrainResult run_training(const TrainOptions& options) {
 
   TrainResult result;
   result.total_steps = run.steps;
+  std::unique_ptr<Engine> engine;  // made once the optimizer state is in place
   auto write_run_json = [&](const char* status) {
     ojson j;
     j["format"] = "quiver-run-1";
     j["status"] = status;
     for (const auto& [k, v] : options.run_info.items()) j[k] = v;
+    j["device"] = engine ? engine->description() : options.device;
     j["config"] = model::config_to_json(cfg);
     j["num_params"] = model->num_params();
     j["options"] = run.to_json();
@@ -635,6 +652,7 @@ TrainResult run_training(const TrainOptions& options) {
     adam.v().copy_from(start.v);
     adam.set_steps_taken(state.adam_steps);
   }
+  engine = make_engine(options.device, *model, adam);
   BatchLoader loader(train_split, run.micro_batch, run.seq_len, state.cursor);
   result.step = state.step;
   result.tokens = state.tokens;
@@ -659,6 +677,7 @@ TrainResult run_training(const TrainOptions& options) {
     std::error_code ec;
     fs::remove(previous, ec);
     if (checkpoint_step >= 0 && fs::exists(model_path)) fs::create_hard_link(model_path, previous, ec);
+    engine->sync_to_host();
     save_checkpoint(model_path, *model, {{kMetaStep, std::to_string(result.step)}, {kMetaTokenizer, tokenizer_path}});
     std::map<std::string, std::string> meta = {
         {kMetaFormat, kOptimizerFormat},
@@ -682,9 +701,6 @@ TrainResult run_training(const TrainOptions& options) {
   StatusLine status(options.progress);
   const int64_t B = run.micro_batch, T = run.seq_len, A = run.accum;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
-  float* params = model->params().data<float>();
-  float* grads = model->grads().data<float>();
-  const int64_t P = model->num_params();
   const int64_t first_step = state.step;
   double train_time = 0;
 
@@ -697,30 +713,29 @@ TrainResult run_training(const TrainOptions& options) {
       break;
     }
     const Clock::time_point step_start = Clock::now();
-    std::memset(grads, 0, static_cast<size_t>(P) * sizeof(float));
-    double loss = 0;
+    engine->zero_grads();
     for (int64_t a = 0; a < A; ++a) {
       Clock::time_point t0 = Clock::now();
       loader.next(tokens.data(), targets.data());
       result.time.data += seconds_since(t0);
       t0 = Clock::now();
-      loss += model->forward_backward(tokens.data(), targets.data(), B, T, 1.0f / static_cast<float>(A));
+      engine->forward_backward(tokens.data(), targets.data(), B, T, 1.0f / static_cast<float>(A));
       result.time.forward_backward += seconds_since(t0);
     }
-    loss /= static_cast<double>(A);
+    // A device engine computes asynchronously: its forward and backward time shows up in the
+    // optimizer step, which waits for the device.
+    const Clock::time_point t_opt = Clock::now();
+    const double lr = schedule.at(result.step);
+    const Engine::StepResult step = engine->optimizer_step(lr, run.clip);
+    result.time.optimizer += seconds_since(t_opt);
+    const double loss = step.loss_sum / static_cast<double>(A);
+    const double norm = step.grad_norm;
     if (!std::isfinite(loss))
       fail("the training loss became {} at step {}; stopping without a checkpoint ({}). Lower --lr or check the "
            "data.",
            loss, result.step + 1,
            checkpoint_step >= 0 ? fmt::format("the last one, at step {}, is intact", checkpoint_step)
                                 : std::string("none was written yet"));
-    const Clock::time_point t_opt = Clock::now();
-    const std::vector<ParamSegment>& segments = adam.segments();
-    const double norm = grad_norm(grads, segments);
-    clip_grad_norm(grads, segments, norm, run.clip);
-    const double lr = schedule.at(result.step);
-    adam.step(params, grads, lr);
-    result.time.optimizer += seconds_since(t_opt);
 
     ++result.step;
     result.tokens += run.tokens_per_step();
@@ -738,7 +753,7 @@ TrainResult run_training(const TrainOptions& options) {
     const bool eval_now = result.step % run.eval_every == 0 || result.step == run.steps;
     if (eval_now) {
       const Clock::time_point t0 = Clock::now();
-      const double val = evaluate(*model, val_split, B, T);
+      const double val = evaluate(*engine, val_split, B, T);
       result.time.eval += seconds_since(t0);
       line["val_loss"] = val;
       result.last_val_loss = val;

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "train/engine.h"
 #include "train/optimizer.h"
 
 namespace quiver::train {
@@ -68,6 +69,7 @@ class BatchLoader {
 // after the first is predicted exactly once), B windows per forward, the last window shorter
 // when T does not divide size−1. Needs at least 2 tokens.
 double evaluate(model::Model& model, const TokenSplit& split, int64_t B, int64_t T);
+double evaluate(Engine& engine, const TokenSplit& split, int64_t B, int64_t T);
 
 struct TrainOptions {
   std::string config;       // preset name or .json path; on resume optional, and must then match
@@ -89,6 +91,7 @@ struct TrainOptions {
   int64_t stop_at = 0;      // > 0: stop after this step as if interrupted (checkpoint written)
   std::optional<uint64_t> seed;  // initialization seed; default: the config's
   int threads = 0;          // 0: leave the thread count as it is
+  std::string device = "cpu";  // "cpu" or "cuda" (train/engine.h); a run may resume on either
   bool progress = true;     // the live line on stderr
   // Options the user gave explicitly (their CLI names without dashes: "lr", "micro-batch",
   // ...). On resume these must agree with the run's recorded options.

@@ -10,6 +10,7 @@ void register_bench(CLI::App& app) {
   register_bench_algproj(*bench);
   register_bench_relation(*bench);
   register_bench_linear_relation(*bench);
+  register_bench_model(*bench);
 }
 
 }  // namespace quiver::cli

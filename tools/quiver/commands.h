@@ -24,5 +24,6 @@ void register_op_linear_relation(CLI::App& op);
 void register_bench_algproj(CLI::App& bench);
 void register_bench_relation(CLI::App& bench);
 void register_bench_linear_relation(CLI::App& bench);
+void register_bench_model(CLI::App& bench);
 
 }  // namespace quiver::cli

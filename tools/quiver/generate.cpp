@@ -16,6 +16,12 @@
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
 
+#ifdef QUIVER_HAVE_CUDA
+#include "cuda/backend.h"
+#include "cuda/generate.h"
+#include "cuda/model.h"
+#endif
+
 namespace quiver::cli {
 
 namespace {
@@ -32,6 +38,7 @@ struct GenerateArgs {
   bool ignore_eot = false;
   int threads = 0;
   bool json = false;
+  std::string device = "cpu";
 };
 
 // One prompt per line; empty lines are skipped; "\n" and "\\" in a line stand for a newline
@@ -82,7 +89,26 @@ void run(GenerateArgs& a) {
   infer::GenerateOptions o = a.options;
   if (a.greedy) o.sampling.greedy = true;
   o.stop_at_eot = !a.ignore_eot;
-  const infer::TextGeneration out = infer::generate_text(*model, *tokenizer, prompts, o);
+  infer::TextGeneration out;
+  if (a.device == "cuda") {
+#ifdef QUIVER_HAVE_CUDA
+    QV_CHECK(cuda::device_count() > 0, "generate --device cuda: no CUDA device was found");
+    cuda::GpuModel gpu(model->config());
+    gpu.load_params(model->params());
+    out = infer::generate_text(model->config(), *tokenizer, prompts, o,
+                               [&](const std::vector<std::vector<int32_t>>& batch, int64_t max_new,
+                                   std::vector<infer::Sampler>& samplers, const std::vector<int32_t>& stop_ids,
+                                   const infer::StopCheck& stop_check, infer::DecodeTiming* timing) {
+                                 return cuda::generate_tokens(gpu, batch, max_new, samplers, stop_ids, stop_check,
+                                                              timing);
+                               });
+#else
+    fail("generate --device cuda: this build has no CUDA backend");
+#endif
+  } else {
+    QV_CHECK(a.device == "cpu", "generate --device {}: expected cpu or cuda", a.device);
+    out = infer::generate_text(*model, *tokenizer, prompts, o);
+  }
   const infer::GenerationStats& s = out.stats;
 
   if (a.json) {
@@ -149,6 +175,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--stop", a->options.stop_strings, "stop when the completion contains this text (repeatable)");
   cmd->add_option("--stop-id", a->options.stop_ids, "stop at this token id (repeatable)");
   cmd->add_flag("--ignore-eot", a->ignore_eot, "do not stop at the tokenizer's end-of-text token");
+  cmd->add_option("--device", a->device, "cpu, or cuda (bf16, CUDA-graph decoding, sampling on the GPU)")
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads");
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->callback([a] { run(*a); });

@@ -12,6 +12,10 @@
 #include "quiver/parallel.h"
 #include "train/trainer.h"
 
+#ifdef QUIVER_HAVE_CUDA
+#include "cuda/train_engine.h"
+#endif
+
 namespace quiver::cli {
 
 namespace {
@@ -30,6 +34,9 @@ void run(TrainArgs& args, CLI::App* cmd) {
     if (opt->count() > 0) o.given.insert(opt->get_single_name());
   if (o.given.count("seed")) o.seed = args.seed;
   o.progress = !args.quiet;
+#ifdef QUIVER_HAVE_CUDA
+  cuda::register_train_engine();
+#endif
   o.run_info["command"] = recorded_command_line();
   o.run_info["machine"] = cpu_description();
   o.run_info["date"] = utc_date();
@@ -88,6 +95,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps (default: --eval-every)");
   cmd->add_option("--stop-at", o.stop_at, "stop after this step with a checkpoint, as if interrupted");
   cmd->add_option("--seed", args->seed, "initialization seed (default: the config's seed)");
+  cmd->add_option("--device", o.device, "cpu or cuda (bf16 activations, fp32 master weights on the GPU)")
+      ->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (default: QUIVER_NUM_THREADS or all cores)");
   cmd->add_flag("--quiet", args->quiet, "no progress line");
   cmd->callback([args, cmd] { run(*args, cmd); });

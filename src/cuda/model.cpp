@@ -1,0 +1,869 @@
+#include "cuda/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "cuda/algproj.h"
+#include "cuda/attention.h"
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/gemm.h"
+#include "cuda/gemm_launch.h"
+#include "cuda/givens.h"
+#include "cuda/linear_relation.h"
+#include "cuda/model_launch.h"
+#include "cuda/ops.h"
+#include "cuda/relation.h"
+#include "ops/relation.h"
+#include "quiver/error.h"
+
+namespace quiver::cuda {
+
+namespace {
+
+constexpr DType kBF16 = DType::BF16;
+
+Tensor device_empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, Device::CUDA); }
+// int32 buffers live in F32-sized storage (the tensor type has no integer dtype).
+Tensor device_ints(int64_t n) { return Tensor::empty({std::max<int64_t>(n, 1)}, DType::F32, Device::CUDA); }
+int32_t* ints(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
+uint16_t* bf16(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
+float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
+
+// The first n·width elements of a buffer as [n, width] (slots sized for the widest use).
+Tensor prefix(const Tensor& t, int64_t rows, int64_t width) {
+  return t.reshape({-1}).slice(0, 0, rows * width).reshape({rows, width});
+}
+
+// y [rows, N] = x [rows, K] · W [K, N] (+ bias) + beta · y, bf16 operands and output.
+void project(const Tensor& x, const DeviceParam& w, const DeviceParam& b, Tensor& y, float beta,
+             cudaStream_t s) {
+  const int64_t K = w.half.dim(0), N = w.half.dim(1), rows = x.numel() / K;
+  if (b.defined())
+    gemm_epilogue(false, false, rows, N, K, 1.0f, x.raw(), kBF16, K, w.half.raw(), kBF16, N, beta,
+                  y.raw(), kBF16, N, Epilogue::Bias, b.half.raw(), kBF16, s);
+  else
+    gemm(false, false, rows, N, K, 1.0f, x.raw(), kBF16, K, w.half.raw(), kBF16, N, beta, y.raw(),
+         kBF16, N, s);
+}
+
+// Backward of project: W.grad += xᵀ dy, b.grad += Σ_rows dy, dx = dy Wᵀ + beta · dx (skipped
+// when dx is null).
+void project_backward(const Tensor& dy, const Tensor& x, const DeviceParam& w, const DeviceParam& b,
+                      Tensor* dx, float beta, cudaStream_t s) {
+  const int64_t K = w.half.dim(0), N = w.half.dim(1), rows = x.numel() / K;
+  gemm(true, false, K, N, rows, 1.0f, x.raw(), kBF16, K, dy.raw(), kBF16, N, 1.0f, w.grad.raw(),
+       DType::F32, N, s);
+  if (b.defined()) detail::launch_column_sum_accumulate(bf16(dy), rows, N, N, f32(b.grad), s);
+  if (dx)
+    gemm(false, true, rows, K, N, 1.0f, dy.raw(), kBF16, N, w.half.raw(), kBF16, N, beta, dx->raw(),
+         kBF16, K, s);
+}
+
+void copy_async(Tensor& dst, const Tensor& src, cudaStream_t s) {
+  QV_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, s));
+}
+
+// Rows [0, T) of each of B sequences of src [B, T, W] into a cache [B, capacity, W] (bf16).
+void copy_into_cache(Tensor& cache, const Tensor& src, int64_t B, int64_t T, cudaStream_t s) {
+  const size_t row_bytes = static_cast<size_t>(src.numel() / (B * T)) * 2;
+  const size_t cap = static_cast<size_t>(cache.dim(1));
+  QV_CUDA_CHECK(cudaMemcpy2DAsync(cache.raw(), cap * row_bytes, src.raw(), T * row_bytes, T * row_bytes,
+                                  static_cast<size_t>(B), cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+struct GpuModel::Layer {
+  char kind = 'A';
+  DeviceParam norm1_w, norm1_b, norm2_w, norm2_b;
+  DeviceParam w_in[3], b_in[3], w_out, b_out;
+  DeviceParam theta, lambda, w_alpha_down, w_alpha_up, a_log, dt_bias;
+  DeviceParam ffn_gate, ffn_up, ffn_down, ffn_gate_b, ffn_up_b, ffn_down_b;
+};
+
+namespace {
+
+// Saved activations of one layer for N = B·T rows (bf16 unless noted).
+struct LayerActs {
+  Tensor x_in, h1, mean1, rstd1;   // [N, D]; F32 [N]
+  Tensor a, b, c;                  // q, k, v (A) or p1, p2, I (F, L), after RoPE
+  Tensor mixed;                    // Ĩ after Givens (F, L)
+  Tensor gate, r_down;             // L: g F32 [N, D]; x̄ W_down [N, Dh]
+  Tensor y;                        // mixer output before W_O
+  Tensor lse, stats;               // A: F32 [B, H, T]; F: F32 [B, H, T, 3]
+  Tensor x_mid, h2, mean2, rstd2;
+  Tensor f_gate, f_up, f_act;      // [N, F]
+};
+
+}  // namespace
+
+struct GpuModel::Acts {
+  int64_t B = 0, T = 0;
+  bool training = false;
+  std::vector<LayerActs> layers;   // one per layer when training, else one shared slot
+  Tensor tokens, targets;          // int32 [N]
+  Tensor x_final, hf, mean_f, rstd_f, logits, dlogits, row_loss, loss;
+  Tensor ffn_out;                  // [N, D]: an algebraic down projection before it is added
+  Tensor last_x, last_h, last_mean, last_rstd;  // prefill: the last position's rows
+  std::vector<int> row_types;
+  // Backward scratch shared by the layers.
+  Tensor dx, dh, dtmp, dy, da, db, dc, dmixed, dgate, dr, dr_down;
+  Tensor df_gate, df_up, df_act, dw_scratch, lin_workspace, rel_workspace;
+  LayerActs& slot(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
+};
+
+struct GpuModel::Staging {
+  int32_t* host[2] = {nullptr, nullptr};
+  cudaEvent_t done[2] = {nullptr, nullptr};
+  int64_t capacity = 0;  // int32 entries per slot (tokens then targets)
+  int next = 0;
+  float* loss_host = nullptr;
+  ~Staging() {
+    for (int i = 0; i < 2; ++i) {
+      if (host[i]) cudaFreeHost(host[i]);
+      if (done[i]) cudaEventDestroy(done[i]);
+    }
+    if (loss_host) cudaFreeHost(loss_host);
+  }
+};
+
+GpuDecodeState::~GpuDecodeState() {
+  if (pinned_) cudaFreeHost(pinned_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
+  QV_CHECK(device_count() > 0, "the GPU model needs a CUDA device, and none was found");
+  register_backend();
+  table_ = model::param_table(cfg_);
+  const int64_t P = table_.empty() ? 0 : table_.back().offset + table_.back().numel;
+  QV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  params_ = Tensor::zeros({P}, DType::F32, Device::CUDA);
+  grads_ = Tensor::zeros({P}, DType::F32, Device::CUDA);
+  params_half_ = Tensor::zeros({P}, kBF16, Device::CUDA);
+  loss_sum_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
+  staging_ = std::make_unique<Staging>();
+  for (int i = 0; i < 2; ++i) QV_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->done[i], cudaEventDisableTiming));
+  QV_CUDA_CHECK(cudaMallocHost(&staging_->loss_host, sizeof(float)));
+
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < table_.size(); ++i) index[table_[i].name] = i;
+  auto get = [&](const std::string& name) {
+    DeviceParam p;
+    auto it = index.find(name);
+    if (it == index.end()) return p;
+    const model::ParamInfo& info = table_[it->second];
+    const int64_t a = info.offset, e = info.offset + info.numel;
+    p.master = params_.slice(0, a, e).reshape(info.shape);
+    p.half = params_half_.slice(0, a, e).reshape(info.shape);
+    p.grad = grads_.slice(0, a, e).reshape(info.shape);
+    return p;
+  };
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    auto L = std::make_unique<Layer>();
+    const std::string p = "layers." + std::to_string(l) + ".";
+    L->kind = cfg_.pattern[l];
+    L->norm1_w = get(p + "norm1.weight");
+    L->norm1_b = get(p + "norm1.bias");
+    L->norm2_w = get(p + "norm2.weight");
+    L->norm2_b = get(p + "norm2.bias");
+    const char* attn_names[3] = {"q", "k", "v"};
+    const char* rel_names[3] = {"1", "2", "i"};
+    for (int i = 0; i < 3; ++i) {
+      const std::string s = L->kind == 'A' ? attn_names[i] : rel_names[i];
+      L->w_in[i] = get(p + "mixer.w" + s);
+      L->b_in[i] = get(p + "mixer.b" + s);
+    }
+    L->w_out = get(p + "mixer.wo");
+    L->b_out = get(p + "mixer.bo");
+    L->theta = get(p + "mixer.theta");
+    L->lambda = get(p + "mixer.lambda");
+    L->w_alpha_down = get(p + "mixer.w_alpha_down");
+    L->w_alpha_up = get(p + "mixer.w_alpha_up");
+    L->a_log = get(p + "mixer.a_log");
+    L->dt_bias = get(p + "mixer.dt_bias");
+    L->ffn_gate = get(p + "ffn.gate");
+    L->ffn_up = get(p + "ffn.up");
+    L->ffn_down = get(p + "ffn.down");
+    L->ffn_gate_b = get(p + "ffn.gate_bias");
+    L->ffn_up_b = get(p + "ffn.up_bias");
+    L->ffn_down_b = get(p + "ffn.down_bias");
+    layers_.push_back(std::move(L));
+  }
+  tok_emb_ = get("tok_emb");
+  pos_emb_ = get("pos_emb");
+  head_ = get("head");
+  norm_f_w_ = get("norm_f.weight");
+  norm_f_b_ = get("norm_f.bias");
+
+  if (cfg_.ffn.law != "dense") {
+    algebra::Law law = algebra::Law::parse(cfg_.ffn.law);
+    const int q = law.q();
+    std::vector<int64_t> dg = cfg_.ffn.d_groups, fg = cfg_.ffn.f_groups;
+    if (dg.empty()) dg.assign(q, cfg_.d_model / q);
+    if (fg.empty()) fg.assign(q, cfg_.ffn.width / q);
+    ffn_q_ = q;
+    ffn_schedule_ = algebra::Schedule::parse(cfg_.ffn.schedule);
+    ffn_up_proj_ = std::make_unique<AlgProj>(law, algebra::GroupWidths{dg, fg});
+    ffn_down_proj_ = std::make_unique<AlgProj>(law, algebra::GroupWidths{fg, dg});
+  }
+}
+
+GpuModel::~GpuModel() {
+  train_acts_.reset();
+  infer_acts_.reset();
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void GpuModel::load_params(const Tensor& host) {
+  check_shape(host, {num_params()}, "params");
+  check_dtype(host, DType::F32, "params");
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  params_.copy_from(host);
+  params_changed();
+}
+
+void GpuModel::store_params(Tensor& host) const {
+  check_shape(host, {params_.numel()}, "params");
+  check_dtype(host, DType::F32, "params");
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  host.copy_from(params_);
+}
+
+void GpuModel::params_changed() { convert(params_, params_half_, stream_); }
+
+void GpuModel::zero_grads() {
+  QV_CUDA_CHECK(cudaMemsetAsync(grads_.raw(), 0, grads_.nbytes(), stream_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations and token uploads
+
+void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
+  std::unique_ptr<Acts>& slot = training ? train_acts_ : infer_acts_;
+  if (slot && slot->B == B && slot->T == T) return;
+  if (slot) {
+    QV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffers may still be in use
+    slot.reset();
+  }
+  auto a = std::make_unique<Acts>();
+  a->B = B;
+  a->T = T;
+  a->training = training;
+  const int64_t N = B * T, D = cfg_.d_model, F = cfg_.ffn.width, H = cfg_.n_heads, Dh = cfg_.head_dim();
+  const int64_t kv = cfg_.kv_heads() * Dh, V = cfg_.vocab_size;
+  const bool swiglu = cfg_.ffn.kind == "swiglu";
+  auto mat = [&](int64_t rows, int64_t cols) { return device_empty({rows, cols}, kBF16); };
+  auto vec = [&](int64_t n) { return device_empty({n}, DType::F32); };
+
+  auto make_slot = [&](const std::string& kinds) {
+    LayerActs s;
+    const bool has_a = kinds.find('A') != std::string::npos;
+    const bool has_f = kinds.find('F') != std::string::npos;
+    const bool has_l = kinds.find('L') != std::string::npos;
+    const int64_t bc = has_a && !has_f && !has_l ? kv : D;
+    s.x_in = mat(N, D);
+    s.h1 = mat(N, D);
+    s.mean1 = vec(N);
+    s.rstd1 = vec(N);
+    s.a = mat(N, D);
+    s.b = mat(N, bc);
+    s.c = mat(N, bc);
+    if (has_f || has_l) s.mixed = mat(N, D);
+    if (has_l) {
+      s.gate = device_empty({N, D}, DType::F32);
+      s.r_down = mat(N, Dh);
+    }
+    s.y = mat(N, D);
+    if (has_a) s.lse = device_empty({B, H, T}, DType::F32);
+    if (has_f) s.stats = device_empty({B, H, T, ops::kRelationStatCount}, DType::F32);
+    s.x_mid = mat(N, D);
+    s.h2 = mat(N, D);
+    s.mean2 = vec(N);
+    s.rstd2 = vec(N);
+    if (swiglu) s.f_gate = mat(N, F);
+    s.f_up = mat(N, F);
+    s.f_act = mat(N, F);
+    return s;
+  };
+  if (training)
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) a->layers.push_back(make_slot(std::string(1, cfg_.pattern[l])));
+  else
+    a->layers.push_back(make_slot(cfg_.pattern));
+  a->tokens = device_ints(N);
+  a->targets = device_ints(N);
+  a->x_final = mat(N, D);
+  a->hf = mat(N, D);
+  a->mean_f = vec(N);
+  a->rstd_f = vec(N);
+  a->logits = mat(N, V);
+  a->ffn_out = mat(N, D);
+  a->row_loss = vec(N);
+  a->loss = vec(1);
+  a->last_x = mat(B, D);
+  a->last_h = mat(B, D);
+  a->last_mean = vec(B);
+  a->last_rstd = vec(B);
+  if (ffn_up_proj_) a->row_types = ffn_schedule_.batch_types(B, T, 0, ffn_q_);
+  if (cfg_.pattern.find('L') != std::string::npos) {
+    const int64_t bytes = linear_relation_workspace_bytes(B, T, H, Dh);
+    a->lin_workspace = device_empty({std::max<int64_t>(1, (bytes + 3) / 4)}, DType::F32);
+  }
+  if (training) {
+    a->dlogits = mat(N, V);
+    for (Tensor* t : {&a->dx, &a->dh, &a->dtmp, &a->dy, &a->da, &a->db, &a->dc, &a->dmixed}) *t = mat(N, D);
+    if (cfg_.pattern.find('L') != std::string::npos) {
+      a->dgate = device_empty({N, D}, DType::F32);
+      a->dr = mat(N, D);
+      a->dr_down = mat(N, Dh);
+    }
+    if (swiglu) a->df_gate = mat(N, F);
+    a->df_up = mat(N, F);
+    a->df_act = mat(N, F);
+    if (ffn_up_proj_) a->dw_scratch = vec(D * F);
+    if (cfg_.pattern.find('F') != std::string::npos) {
+      const int64_t bytes = flash_relation_backward_workspace_bytes(B, T, H);
+      a->rel_workspace = device_empty({std::max<int64_t>(1, (bytes + 7) / 8)}, DType::F64);
+    }
+  }
+  slot = std::move(a);
+}
+
+void GpuModel::upload_tokens(const int32_t* tokens, const int32_t* targets, int64_t n, Acts& acts) {
+  const int64_t V = cfg_.vocab_size;
+  for (int64_t i = 0; i < n; ++i) {
+    QV_CHECK(tokens[i] >= 0 && tokens[i] < V, "token {} at index {} is outside the vocabulary [0, {})",
+             tokens[i], i, V);
+    if (targets)
+      QV_CHECK(targets[i] < V, "target {} at index {} is outside the vocabulary [0, {})", targets[i], i, V);
+  }
+  Staging& st = *staging_;
+  const int64_t need = 2 * n;
+  if (need > st.capacity) {
+    QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < 2; ++i) {
+      if (st.host[i]) QV_CUDA_CHECK(cudaFreeHost(st.host[i]));
+      QV_CUDA_CHECK(cudaMallocHost(&st.host[i], static_cast<size_t>(need) * sizeof(int32_t)));
+    }
+    st.capacity = need;
+  }
+  const int k = st.next;
+  st.next = 1 - k;
+  QV_CUDA_CHECK(cudaEventSynchronize(st.done[k]));  // the copy that last read this slot has run
+  int32_t* h = st.host[k];
+  std::memcpy(h, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+  const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
+  QV_CUDA_CHECK(cudaMemcpyAsync(acts.tokens.raw(), h, bytes, cudaMemcpyHostToDevice, stream_));
+  if (targets) {
+    std::memcpy(h + n, targets, bytes);
+    QV_CUDA_CHECK(cudaMemcpyAsync(acts.targets.raw(), h + n, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  QV_CUDA_CHECK(cudaEventRecord(st.done[k], stream_));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+namespace {
+
+void norm_forward(const model::ModelConfig& cfg, const Tensor& x, const DeviceParam& w, const DeviceParam& b,
+                  Tensor& y, Tensor& mean, Tensor& rstd, cudaStream_t s) {
+  if (cfg.norm == "layernorm")
+    layernorm_forward(x, w.master, b.master, cfg.norm_eps, y, mean, rstd, s);
+  else
+    rmsnorm_forward(x, w.master, cfg.norm_eps, y, rstd, s);
+}
+
+void norm_backward(const model::ModelConfig& cfg, const Tensor& dy, const Tensor& x, const DeviceParam& w,
+                   const DeviceParam& b, const Tensor& mean, const Tensor& rstd, Tensor& dx, cudaStream_t s) {
+  Tensor gw = w.grad;
+  if (cfg.norm == "layernorm") {
+    Tensor gb = b.grad;
+    layernorm_backward(dy, x, w.master, mean, rstd, dx, gw, gb, s);
+  } else {
+    rmsnorm_backward(dy, x, w.master, rstd, dx, gw, s);
+  }
+}
+
+RelationKernelOptions relation_options(const model::ModelConfig& cfg) {
+  RelationKernelOptions o;
+  o.tau_s = static_cast<float>(cfg.relation.tau_s);
+  o.exchange_only = cfg.relation.exchange_only;
+  return o;
+}
+
+// An FFN projection: dense (with its bias) or algebraic with the rows' types; y assigned, or
+// (accumulate) y += x W with `scratch` holding the algebraic product.
+void ffn_project(const Tensor& x, const DeviceParam& w, const DeviceParam& b, const AlgProj* alg,
+                 const std::vector<int>& types, Tensor& y, bool accumulate, Tensor& scratch, cudaStream_t s) {
+  if (!alg) {
+    project(x, w, b, y, accumulate ? 1.0f : 0.0f, s);
+    return;
+  }
+  if (!accumulate) {
+    alg->forward(x, w.half, types, y, s);
+    return;
+  }
+  Tensor part = prefix(scratch, y.dim(0), y.dim(1));
+  alg->forward(x, w.half, types, part, s);
+  detail::launch_add_bf16(bf16(y), bf16(part), y.numel(), s);
+}
+
+}  // namespace
+
+void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
+  const int64_t B = A.B, T = A.T, N = B * T, D = cfg_.d_model, H = cfg_.n_heads, Dh = cfg_.head_dim();
+  const int64_t Hkv = cfg_.kv_heads();
+  const bool rope = cfg_.positions == "rope";
+  const RelationKernelOptions rel_opts = relation_options(cfg_);
+  const cudaStream_t s = stream_;
+  const Shape hs{B, T, H, Dh};
+
+  Tensor& x0 = A.slot(0).x_in;
+  detail::launch_embed(ints(A.tokens), N, T, f32(tok_emb_.master), rope ? nullptr : f32(pos_emb_.master), 0,
+                       nullptr, D, bf16(x0), s);
+
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const Layer& L = *layers_[l];
+    LayerActs& a = A.slot(l);
+    norm_forward(cfg_, a.x_in, L.norm1_w, L.norm1_b, a.h1, a.mean1, a.rstd1, s);
+    if (L.kind == 'A') {
+      const int64_t kvw = Hkv * Dh;
+      Tensor q = a.a, k = prefix(a.b, N, kvw), v = prefix(a.c, N, kvw);
+      project(a.h1, L.w_in[0], L.b_in[0], q, 0.0f, s);
+      project(a.h1, L.w_in[1], L.b_in[1], k, 0.0f, s);
+      project(a.h1, L.w_in[2], L.b_in[2], v, 0.0f, s);
+      Tensor q4 = q.reshape(hs), k4 = k.reshape({B, T, Hkv, Dh}), v4 = v.reshape({B, T, Hkv, Dh});
+      Tensor y4 = a.y.reshape(hs);
+      if (rope) {
+        rope_forward(q4, q4, 0, cfg_.rope_base, s);
+        rope_forward(k4, k4, 0, cfg_.rope_base, s);
+      }
+      attention_forward(q4, k4, v4, y4, a.lse, s);
+      if (ds) {
+        copy_into_cache(ds->cache_a_[l], k, B, T, s);
+        copy_into_cache(ds->cache_b_[l], v, B, T, s);
+      }
+    } else {
+      Tensor p1 = a.a, p2 = a.b, I = cfg_.relation.raw_x ? a.h1 : a.c;
+      project(a.h1, L.w_in[0], L.b_in[0], p1, 0.0f, s);
+      project(a.h1, L.w_in[1], L.b_in[1], p2, 0.0f, s);
+      if (!cfg_.relation.raw_x) project(a.h1, L.w_in[2], L.b_in[2], I, 0.0f, s);
+      Tensor p14 = p1.reshape(hs), p24 = p2.reshape(hs), I4 = I.reshape(hs);
+      if (rope) {
+        rope_forward(p14, p14, 0, cfg_.rope_base, s);
+        rope_forward(p24, p24, 0, cfg_.rope_base, s);
+      }
+      Tensor mixed4 = I4;
+      if (L.theta.defined()) {
+        mixed4 = a.mixed.reshape(hs);
+        givens_forward(I4, L.theta.master, l, mixed4, s);
+      }
+      Tensor y4 = a.y.reshape(hs);
+      if (L.kind == 'F') {
+        flash_relation_forward(p14, p24, mixed4, f32(L.lambda.master), y4, a.stats, rel_opts, s);
+        if (ds) {
+          copy_into_cache(ds->cache_a_[l], p2, B, T, s);
+          copy_into_cache(ds->cache_b_[l], mixed4, B, T, s);
+        }
+      } else {
+        Tensor g2 = a.gate;
+        retention_gate_forward(a.h1, L.w_alpha_down.half, L.w_alpha_up.half, L.a_log.master, L.dt_bias.master,
+                               a.r_down, g2, s);
+        Tensor g4 = a.gate.reshape(hs);
+        linear_relation_forward(p14, p24, mixed4, g4, y4, rel_opts.tau_s, A.lin_workspace,
+                                ds ? &ds->state_[l] : nullptr, s);
+      }
+    }
+    copy_async(a.x_mid, a.x_in, s);
+    project(a.y, L.w_out, L.b_out, a.x_mid, 1.0f, s);
+
+    norm_forward(cfg_, a.x_mid, L.norm2_w, L.norm2_b, a.h2, a.mean2, a.rstd2, s);
+    Tensor& next = l + 1 < cfg_.n_layers ? A.slot(l + 1).x_in : A.x_final;
+    const std::vector<int>& types = A.row_types;
+    if (cfg_.ffn.kind == "swiglu") {
+      ffn_project(a.h2, L.ffn_gate, L.ffn_gate_b, ffn_up_proj_.get(), types, a.f_gate, false, a.f_act, s);
+      ffn_project(a.h2, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, a.f_up, false, a.f_act, s);
+      swiglu_forward(a.f_gate, a.f_up, a.f_act, s);
+    } else {
+      ffn_project(a.h2, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, a.f_up, false, a.f_act, s);
+      gelu_forward(a.f_up, a.f_act, s);
+    }
+    // next = x_mid + ffn (next is this layer's x_in in the shared inference slot, free by now).
+    copy_async(next, a.x_mid, s);
+    ffn_project(a.f_act, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, next, true, A.ffn_out, s);
+  }
+
+  if (mode == Mode::Prefill) {
+    const size_t row = static_cast<size_t>(D) * 2;
+    QV_CUDA_CHECK(cudaMemcpy2DAsync(A.last_x.raw(), row, bf16(A.x_final) + (T - 1) * D, T * row, row,
+                                    static_cast<size_t>(B), cudaMemcpyDeviceToDevice, s));
+    norm_forward(cfg_, A.last_x, norm_f_w_, norm_f_b_, A.last_h, A.last_mean, A.last_rstd, s);
+    return;
+  }
+  norm_forward(cfg_, A.x_final, norm_f_w_, norm_f_b_, A.hf, A.mean_f, A.rstd_f, s);
+}
+
+// logits = h · tok_embᵀ (tied) or h · W_head; then the loss (and dlogits when with_grad).
+void GpuModel::head_and_loss(Acts& A, const Tensor& h, bool with_grad, float grad_scale) {
+  const int64_t rows = h.dim(0), D = cfg_.d_model, V = cfg_.vocab_size;
+  Tensor logits = prefix(A.logits, rows, V);
+  if (cfg_.tied_head)
+    gemm(false, true, rows, V, D, 1.0f, h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, logits.raw(),
+         kBF16, V, stream_);
+  else
+    gemm(false, false, rows, V, D, 1.0f, h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, logits.raw(),
+         kBF16, V, stream_);
+  if (rows != A.B * A.T) return;  // prefill: logits only
+  cross_entropy(logits, ints(A.targets), grad_scale, A.row_loss, A.loss, with_grad ? &A.dlogits : nullptr,
+                stream_);
+}
+
+double GpuModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  QV_CHECK(B >= 1, "batch size must be ≥ 1, got {}", B);
+  QV_CHECK(T >= 1 && T <= cfg_.context, "sequence length T = {} must be in [1, context = {}]", T, cfg_.context);
+  ensure_acts(B, T, false);
+  Acts& A = *infer_acts_;
+  upload_tokens(tokens, targets, B * T, A);
+  forward(A, Mode::Loss, nullptr);
+  head_and_loss(A, A.hf, false, 1.0f);
+  QV_CUDA_CHECK(cudaMemcpyAsync(staging_->loss_host, A.loss.raw(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *staging_->loss_host;
+}
+
+Tensor GpuModel::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
+  QV_CHECK(B >= 1 && T >= 1 && T <= cfg_.context, "forward_logits: B = {}, T = {} (context {})", B, T,
+           cfg_.context);
+  ensure_acts(B, T, false);
+  Acts& A = *infer_acts_;
+  upload_tokens(tokens, nullptr, B * T, A);
+  forward(A, Mode::Logits, nullptr);
+  const int64_t V = cfg_.vocab_size, D = cfg_.d_model;
+  if (cfg_.tied_head)
+    gemm(false, true, B * T, V, D, 1.0f, A.hf.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f,
+         A.logits.raw(), kBF16, V, stream_);
+  else
+    gemm(false, false, B * T, V, D, 1.0f, A.hf.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f,
+         A.logits.raw(), kBF16, V, stream_);
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Tensor host = Tensor::empty({B * T, V}, kBF16);
+  host.copy_from(A.logits);
+  return host.to(DType::F32).reshape({B, T, V});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+void GpuModel::backward(Acts& A) {
+  const int64_t B = A.B, T = A.T, N = B * T, D = cfg_.d_model, H = cfg_.n_heads, Dh = cfg_.head_dim();
+  const int64_t Hkv = cfg_.kv_heads(), V = cfg_.vocab_size;
+  const bool rope = cfg_.positions == "rope";
+  const RelationKernelOptions rel_opts = relation_options(cfg_);
+  const cudaStream_t s = stream_;
+  const Shape hs{B, T, H, Dh};
+  const AlgProj* up = ffn_up_proj_.get();
+  const AlgProj* down = ffn_down_proj_.get();
+  const std::vector<int>& types = A.row_types;
+
+  // Head.
+  if (cfg_.tied_head) {
+    gemm(false, false, N, D, V, 1.0f, A.dlogits.raw(), kBF16, V, tok_emb_.half.raw(), kBF16, D, 0.0f, A.dh.raw(),
+         kBF16, D, s);
+    gemm(true, false, V, D, N, 1.0f, A.dlogits.raw(), kBF16, V, A.hf.raw(), kBF16, D, 1.0f, tok_emb_.grad.raw(),
+         DType::F32, D, s);
+  } else {
+    gemm(false, true, N, D, V, 1.0f, A.dlogits.raw(), kBF16, V, head_.half.raw(), kBF16, V, 0.0f, A.dh.raw(),
+         kBF16, D, s);
+    gemm(true, false, D, V, N, 1.0f, A.hf.raw(), kBF16, D, A.dlogits.raw(), kBF16, V, 1.0f, head_.grad.raw(),
+         DType::F32, V, s);
+  }
+  norm_backward(cfg_, A.dh, A.x_final, norm_f_w_, norm_f_b_, A.mean_f, A.rstd_f, A.dx, s);
+
+  // Backward of an FFN projection into dx (assigned, or accumulated through dtmp).
+  auto ffn_back = [&](const Tensor& dy, const Tensor& x, const DeviceParam& w, const DeviceParam& b,
+                      const AlgProj* alg, Tensor& dx, bool accumulate) {
+    if (!alg) {
+      project_backward(dy, x, w, b, &dx, accumulate ? 1.0f : 0.0f, s);
+      return;
+    }
+    Tensor dw = A.dw_scratch.slice(0, 0, w.half.numel()).reshape(w.half.shape());
+    Tensor target = accumulate ? prefix(A.dtmp, dx.dim(0), dx.dim(1)) : dx;
+    alg->backward(x, w.half, dy, types, &target, &dw, s);
+    detail::launch_add_f32(f32(w.grad), f32(dw), dw.numel(), s);
+    if (accumulate) detail::launch_add_bf16(bf16(dx), bf16(target), dx.numel(), s);
+  };
+
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    const Layer& L = *layers_[l];
+    LayerActs& a = A.slot(l);
+
+    // FFN: A.dx holds d x_next.
+    ffn_back(A.dx, a.f_act, L.ffn_down, L.ffn_down_b, down, A.df_act, false);
+    if (cfg_.ffn.kind == "swiglu") {
+      swiglu_backward(A.df_act, a.f_gate, a.f_up, A.df_gate, A.df_up, s);
+      ffn_back(A.df_gate, a.h2, L.ffn_gate, L.ffn_gate_b, up, A.dh, false);
+      ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, true);
+    } else {
+      gelu_backward(A.df_act, a.f_up, A.df_up, s);
+      ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, false);
+    }
+    norm_backward(cfg_, A.dh, a.x_mid, L.norm2_w, L.norm2_b, a.mean2, a.rstd2, A.dtmp, s);
+    detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_mid
+
+    // Mixer: x_mid = x_in + y W_O (+ b_O).
+    project_backward(A.dx, a.y, L.w_out, L.b_out, &A.dy, 0.0f, s);
+    if (L.kind == 'A') {
+      const int64_t kvw = Hkv * Dh;
+      Tensor dk = prefix(A.db, N, kvw), dv = prefix(A.dc, N, kvw);
+      Tensor q4 = a.a.reshape(hs), k4 = prefix(a.b, N, kvw).reshape({B, T, Hkv, Dh});
+      Tensor v4 = prefix(a.c, N, kvw).reshape({B, T, Hkv, Dh});
+      Tensor dq4 = A.da.reshape(hs), dk4 = dk.reshape({B, T, Hkv, Dh}), dv4 = dv.reshape({B, T, Hkv, Dh});
+      attention_backward(q4, k4, v4, a.y.reshape(hs), a.lse, A.dy.reshape(hs), dq4, dk4, dv4, s);
+      if (rope) {
+        rope_backward(dq4, dq4, 0, cfg_.rope_base, s);
+        rope_backward(dk4, dk4, 0, cfg_.rope_base, s);
+      }
+      project_backward(A.da, a.h1, L.w_in[0], L.b_in[0], &A.dh, 0.0f, s);
+      project_backward(dk, a.h1, L.w_in[1], L.b_in[1], &A.dh, 1.0f, s);
+      project_backward(dv, a.h1, L.w_in[2], L.b_in[2], &A.dh, 1.0f, s);
+    } else {
+      Tensor I = cfg_.relation.raw_x ? a.h1 : a.c;
+      Tensor p14 = a.a.reshape(hs), p24 = a.b.reshape(hs), I4 = I.reshape(hs);
+      Tensor mixed4 = L.theta.defined() ? a.mixed.reshape(hs) : I4;
+      Tensor dp14 = A.da.reshape(hs), dp24 = A.db.reshape(hs), dmixed4 = A.dmixed.reshape(hs);
+      Tensor y4 = a.y.reshape(hs), dy4 = A.dy.reshape(hs);
+      if (L.kind == 'F') {
+        float* dlambda = cfg_.relation.lambda_frozen ? nullptr : f32(L.lambda.grad);
+        flash_relation_backward(p14, p24, mixed4, f32(L.lambda.master), y4, a.stats, dy4, dp14, dp24, dmixed4,
+                                dlambda, rel_opts, A.rel_workspace, s);
+      } else {
+        Tensor g4 = a.gate.reshape(hs), dg4 = A.dgate.reshape(hs);
+        linear_relation_backward(p14, p24, mixed4, g4, dy4, dp14, dp24, dmixed4, dg4, rel_opts.tau_s,
+                                 A.lin_workspace, s);
+      }
+      Tensor dI4 = dmixed4;
+      if (L.theta.defined()) {
+        Tensor dtheta = L.theta.grad;
+        givens_backward(dmixed4, I4, L.theta.master, l, dI4, dtheta, s);
+      }
+      if (rope) {
+        rope_backward(dp14, dp14, 0, cfg_.rope_base, s);
+        rope_backward(dp24, dp24, 0, cfg_.rope_base, s);
+      }
+      project_backward(A.da, a.h1, L.w_in[0], L.b_in[0], &A.dh, 0.0f, s);
+      project_backward(A.db, a.h1, L.w_in[1], L.b_in[1], &A.dh, 1.0f, s);
+      if (cfg_.relation.raw_x)
+        detail::launch_add_bf16(bf16(A.dh), bf16(A.dmixed), N * D, s);
+      else
+        project_backward(A.dmixed, a.h1, L.w_in[2], L.b_in[2], &A.dh, 1.0f, s);
+      if (L.kind == 'L') {
+        Tensor dg2 = A.dgate, dwd = L.w_alpha_down.grad, dwu = L.w_alpha_up.grad;
+        Tensor dal = L.a_log.grad, ddt = L.dt_bias.grad;
+        retention_gate_backward(a.h1, L.w_alpha_down.half, L.w_alpha_up.half, L.a_log.master, L.dt_bias.master,
+                                a.r_down, dg2, A.dh, dwd, dwu, dal, ddt, A.dr, A.dr_down, s);
+      }
+    }
+    norm_backward(cfg_, A.dh, a.x_in, L.norm1_w, L.norm1_b, a.mean1, a.rstd1, A.dtmp, s);
+    detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_in
+  }
+
+  Tensor demb = tok_emb_.grad;
+  embedding_backward_accumulate(ints(A.tokens), N, A.dx, demb, s);
+  if (!rope) detail::launch_position_backward(bf16(A.dx), B, T, D, f32(pos_emb_.grad), s);
+}
+
+void GpuModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                                float grad_scale) {
+  QV_CHECK(B >= 1, "batch size must be ≥ 1, got {}", B);
+  QV_CHECK(T >= 1 && T <= cfg_.context, "sequence length T = {} must be in [1, context = {}]", T, cfg_.context);
+  ensure_acts(B, T, true);
+  Acts& A = *train_acts_;
+  upload_tokens(tokens, targets, B * T, A);
+  forward(A, Mode::Train, nullptr);
+  head_and_loss(A, A.hf, true, grad_scale);
+  detail::launch_add_f32(f32(loss_sum_), f32(A.loss), 1, stream_);
+  backward(A);
+}
+
+double GpuModel::take_loss_sum() {
+  QV_CUDA_CHECK(cudaMemcpyAsync(staging_->loss_host, loss_sum_.raw(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  QV_CUDA_CHECK(cudaMemsetAsync(loss_sum_.raw(), 0, sizeof(float), stream_));
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *staging_->loss_host;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+std::unique_ptr<GpuDecodeState> GpuModel::new_decode_state(int64_t B, int64_t capacity) {
+  QV_CHECK(B >= 1, "decode batch must be ≥ 1, got {}", B);
+  QV_CHECK(capacity >= 1, "decode capacity must be ≥ 1, got {}", capacity);
+  if (cfg_.positions == "learned")
+    QV_CHECK(capacity <= cfg_.context, "decode capacity {} exceeds the context {} of a model with learned positions",
+             capacity, cfg_.context);
+  std::unique_ptr<GpuDecodeState> st(new GpuDecodeState());
+  st->owner_ = this;
+  st->B_ = B;
+  st->cap_ = capacity;
+  const int64_t D = cfg_.d_model, H = cfg_.n_heads, Dh = cfg_.head_dim(), F = cfg_.ffn.width;
+  const int64_t Hkv = cfg_.kv_heads();
+  st->cache_a_.resize(cfg_.n_layers);
+  st->cache_b_.resize(cfg_.n_layers);
+  st->state_.resize(cfg_.n_layers);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const char kind = cfg_.pattern[l];
+    if (kind == 'L') {
+      st->state_[l] = Tensor::zeros({B, H, Dh, Dh}, DType::F32, Device::CUDA);
+    } else {
+      const int64_t heads = kind == 'A' ? Hkv : H;
+      st->cache_a_[l] = device_empty({B, capacity, heads, Dh}, kBF16);
+      st->cache_b_[l] = device_empty({B, capacity, heads, Dh}, kBF16);
+    }
+  }
+  for (Tensor* t : {&st->x_, &st->h_, &st->a_, &st->b_, &st->c_, &st->mixed_, &st->y_, &st->out_})
+    *t = device_empty({B, D}, kBF16);
+  st->mean_ = device_empty({B}, DType::F32);
+  st->rstd_ = device_empty({B}, DType::F32);
+  st->gate_ = device_empty({B, D}, DType::F32);
+  st->r_down_ = device_empty({B, Dh}, kBF16);
+  st->f_gate_ = device_empty({B, F}, kBF16);
+  st->f_up_ = device_empty({B, F}, kBF16);
+  st->f_act_ = device_empty({B, F}, kBF16);
+  st->logits_ = device_empty({B, cfg_.vocab_size}, kBF16);
+  st->pos_dev_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
+  st->tokens_ = Tensor::zeros({B}, DType::F32, Device::CUDA);
+  st->row_types_.assign(static_cast<size_t>(B), 0);
+  QV_CUDA_CHECK(cudaMallocHost(&st->pinned_, sizeof(int32_t) * static_cast<size_t>(B + 1)));
+  return st;
+}
+
+void GpuModel::prefill(GpuDecodeState& st, const int32_t* tokens, int64_t B, int64_t T) {
+  QV_CHECK(st.owner_ == this, "decode state was not made by this model (new_decode_state)");
+  QV_CHECK(B == st.B_, "prefill: the decode state holds {} sequences, got B = {}", st.B_, B);
+  QV_CHECK(T >= 1, "prefill: needs at least one token, got T = {}", T);
+  QV_CHECK(st.pos_ + T <= st.cap_, "prefill: {} + {} tokens exceed the decode capacity {}", st.pos_, T, st.cap_);
+  if (st.pos_ > 0 || T > cfg_.context) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int32_t id = tokens[b * T + t];
+        QV_CHECK(id >= 0 && id < cfg_.vocab_size, "token {} is outside the vocabulary [0, {})", id, cfg_.vocab_size);
+        st.pinned_[b] = id;
+      }
+      QV_CUDA_CHECK(cudaMemcpyAsync(st.tokens(), st.pinned_, sizeof(int32_t) * B, cudaMemcpyHostToDevice, stream_));
+      decode_step(st);
+      QV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging row is reused next
+    }
+    return;
+  }
+  ensure_acts(B, T, false);
+  Acts& A = *infer_acts_;
+  upload_tokens(tokens, nullptr, B * T, A);
+  forward(A, Mode::Prefill, &st);
+  const int64_t D = cfg_.d_model, V = cfg_.vocab_size;
+  if (cfg_.tied_head)
+    gemm(false, true, B, V, D, 1.0f, A.last_h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f,
+         st.logits_.raw(), kBF16, V, stream_);
+  else
+    gemm(false, false, B, V, D, 1.0f, A.last_h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f,
+         st.logits_.raw(), kBF16, V, stream_);
+  st.pinned_[B] = static_cast<int32_t>(T);
+  QV_CUDA_CHECK(cudaMemcpyAsync(st.device_position(), st.pinned_ + B, sizeof(int32_t), cudaMemcpyHostToDevice,
+                                stream_));
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  st.pos_ = T;
+}
+
+int GpuModel::decode_row_type(int64_t position) const {
+  return ffn_up_proj_ ? ffn_schedule_.type_of(position, ffn_q_) : 0;
+}
+
+void GpuModel::decode_step(GpuDecodeState& st) {
+  QV_CHECK(st.owner_ == this, "decode state was not made by this model (new_decode_state)");
+  QV_CHECK(st.pos_ < st.cap_, "decode_step: the decode state is full ({} positions)", st.cap_);
+  const int64_t B = st.B_, D = cfg_.d_model, H = cfg_.n_heads, Dh = cfg_.head_dim(), Hkv = cfg_.kv_heads();
+  const int64_t V = cfg_.vocab_size;
+  const bool rope = cfg_.positions == "rope";
+  const RelationKernelOptions rel_opts = relation_options(cfg_);
+  const cudaStream_t s = stream_;
+  const int32_t* pos = st.device_position();
+  std::fill(st.row_types_.begin(), st.row_types_.end(), decode_row_type(st.pos_));
+  const Shape rows{B, H, Dh};
+
+  detail::launch_embed(st.tokens(), B, 1, f32(tok_emb_.master), rope ? nullptr : f32(pos_emb_.master), 0, pos, D,
+                       bf16(st.x_), s);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const Layer& L = *layers_[l];
+    norm_forward(cfg_, st.x_, L.norm1_w, L.norm1_b, st.h_, st.mean_, st.rstd_, s);
+    if (L.kind == 'A') {
+      const int64_t kvw = Hkv * Dh;
+      Tensor k = prefix(st.b_, B, kvw), v = prefix(st.c_, B, kvw);
+      project(st.h_, L.w_in[0], L.b_in[0], st.a_, 0.0f, s);
+      project(st.h_, L.w_in[1], L.b_in[1], k, 0.0f, s);
+      project(st.h_, L.w_in[2], L.b_in[2], v, 0.0f, s);
+      Tensor q3 = st.a_.reshape(rows), k3 = k.reshape({B, Hkv, Dh}), v3 = v.reshape({B, Hkv, Dh});
+      if (rope) {
+        rope_forward_at(q3, q3, pos, cfg_.rope_base, s);
+        rope_forward_at(k3, k3, pos, cfg_.rope_base, s);
+      }
+      Tensor y3 = st.y_.reshape(rows);
+      attention_decode_step(q3, k3, v3, st.cache_a_[l], st.cache_b_[l], pos, y3, s);
+    } else {
+      Tensor I = cfg_.relation.raw_x ? st.h_ : st.c_;
+      project(st.h_, L.w_in[0], L.b_in[0], st.a_, 0.0f, s);
+      project(st.h_, L.w_in[1], L.b_in[1], st.b_, 0.0f, s);
+      if (!cfg_.relation.raw_x) project(st.h_, L.w_in[2], L.b_in[2], I, 0.0f, s);
+      Tensor p13 = st.a_.reshape(rows), p23 = st.b_.reshape(rows), I3 = I.reshape(rows);
+      if (rope) {
+        rope_forward_at(p13, p13, pos, cfg_.rope_base, s);
+        rope_forward_at(p23, p23, pos, cfg_.rope_base, s);
+      }
+      Tensor mixed3 = I3;
+      if (L.theta.defined()) {
+        mixed3 = st.mixed_.reshape(rows);
+        givens_forward(I3, L.theta.master, l, mixed3, s);
+      }
+      Tensor y3 = st.y_.reshape(rows);
+      if (L.kind == 'F') {
+        relation_decode_step(p13, p23, mixed3, f32(L.lambda.master), st.cache_a_[l], st.cache_b_[l], pos, y3,
+                             rel_opts, s);
+      } else {
+        Tensor g2 = st.gate_;
+        retention_gate_forward(st.h_, L.w_alpha_down.half, L.w_alpha_up.half, L.a_log.master, L.dt_bias.master,
+                               st.r_down_, g2, s);
+        Tensor g3 = st.gate_.reshape(rows);
+        linear_relation_decode_step(p13, p23, mixed3, g3, st.state_[l], y3, rel_opts.tau_s, s);
+      }
+    }
+    project(st.y_, L.w_out, L.b_out, st.x_, 1.0f, s);  // x += y W_O (in place: C = D = x)
+    norm_forward(cfg_, st.x_, L.norm2_w, L.norm2_b, st.h_, st.mean_, st.rstd_, s);
+    const std::vector<int>& types = st.row_types_;
+    if (cfg_.ffn.kind == "swiglu") {
+      ffn_project(st.h_, L.ffn_gate, L.ffn_gate_b, ffn_up_proj_.get(), types, st.f_gate_, false, st.out_, s);
+      ffn_project(st.h_, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, st.f_up_, false, st.out_, s);
+      swiglu_forward(st.f_gate_, st.f_up_, st.f_act_, s);
+    } else {
+      ffn_project(st.h_, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, st.f_up_, false, st.out_, s);
+      gelu_forward(st.f_up_, st.f_act_, s);
+    }
+    ffn_project(st.f_act_, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, st.x_, true, st.out_, s);
+  }
+  norm_forward(cfg_, st.x_, norm_f_w_, norm_f_b_, st.h_, st.mean_, st.rstd_, s);
+  if (cfg_.tied_head)
+    gemm(false, true, B, V, D, 1.0f, st.h_.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, st.logits_.raw(),
+         kBF16, V, s);
+  else
+    gemm(false, false, B, V, D, 1.0f, st.h_.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, st.logits_.raw(),
+         kBF16, V, s);
+  detail::launch_increment(st.device_position(), s);
+  st.pos_ += 1;
+}
+
+}  // namespace quiver::cuda

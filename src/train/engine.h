@@ -1,0 +1,51 @@
+// Where a training run computes. The trainer (trainer.h) drives an Engine: zero the
+// gradients, run the micro-batches, then one optimizer step; it evaluates through the engine
+// and, before each checkpoint, asks it to mirror its state into the host model and AdamW,
+// which are what checkpoints are written from. So CPU and GPU runs write the same files, and
+// either can resume the other's run.
+//
+// The CPU engine computes in the host model and AdamW themselves. Other devices register a
+// factory (the CUDA backend: cuda::register_train_engine(), src/cuda/train_engine.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "train/optimizer.h"
+
+namespace quiver::train {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // "cpu" or "cuda", and a description for run.json (the GPU's name).
+  virtual std::string device() const = 0;
+  virtual std::string description() const = 0;
+
+  virtual void zero_grads() = 0;
+  // Adds grad_scale · dLoss/dθ of one micro-batch (tokens, targets: B·T host ids) into the
+  // gradients, and its mean loss into the step's loss sum.
+  virtual void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                                float grad_scale) = 0;
+  struct StepResult {
+    double loss_sum = 0;   // the micro-batches' mean losses, summed
+    double grad_norm = 0;  // global norm before clipping
+  };
+  // Clips the global gradient norm to `clip` (0 = off) and applies one AdamW update at lr.
+  virtual StepResult optimizer_step(double lr, double clip) = 0;
+  // Mean loss of one batch, no gradients.
+  virtual double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) = 0;
+  // Copies the parameters into the host model and m, v and the step count into the host AdamW.
+  virtual void sync_to_host() = 0;
+};
+
+std::unique_ptr<Engine> make_cpu_engine(model::Model& model, AdamW& adam);
+
+// A device's engine over the host model and AdamW (their state is uploaded at creation).
+using EngineFactory = std::unique_ptr<Engine> (*)(model::Model& model, AdamW& adam);
+void register_engine(const std::string& device, EngineFactory factory);
+// "cpu", or a registered device; an error names the devices this build offers.
+std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam);
+
+}  // namespace quiver::train
