@@ -209,10 +209,14 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// A fragments are held in registers for the whole loop up to this width; wider heads reload
-// them from shared memory per tile (registers: the accumulators grow with the width).
+// A fragments (K, V in dK/dV; Q, dy in dQ) are held in registers for the whole loop up to this
+// width; wider heads reload them from shared memory per tile (the accumulators grow with the
+// width). Measured on the H200: capping the dK/dV kernel at 168 registers (3 blocks per SM,
+// 32-row query tiles) was 4-7% slower than 255 registers and 2 blocks per SM.
 template <int kPadded>
-constexpr bool kHoldA = kPadded <= 64;
+constexpr bool kDkdvHold = kPadded <= 64;
+template <int kPadded>
+constexpr bool kDqHold = kPadded <= 64;
 // Query rows per tile of the dK/dV loop (the S^T and dP^T accumulators of a warp are
 // 16 x kDkdvQueryTile each, beside dK and dV of 16 x kPadded).
 template <int kPadded>
@@ -367,17 +371,28 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- Backward ---------------------------------------------------------------------------------
 // D_r = dy_r · y_r for the kRows rows of two shared tiles, by kThreads / kRows consecutive
-// threads per row; written to delta[r] (visible after the next barrier).
+// threads per row reading 8 lanes at a time; written to delta[r] (visible after the next
+// barrier).
+__device__ __forceinline__ float dot8(uint4 x, uint4 y) {
+  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum = fmaf(__uint_as_float(xs[i] << 16), __uint_as_float(ys[i] << 16), sum);
+    sum = fmaf(__uint_as_float(xs[i] & 0xffff0000u), __uint_as_float(ys[i] & 0xffff0000u), sum);
+  }
+  return sum;
+}
 template <int kRows, int kPadded>
 __device__ __forceinline__ void tile_delta(float* delta, const uint16_t* dys, const uint16_t* ys) {
   constexpr int kPerRow = kThreads / kRows;
   static_assert(kPerRow >= 1 && kPerRow <= 32 && (kPerRow & (kPerRow - 1)) == 0, "row split");
   const int r = threadIdx.x / kPerRow, part = threadIdx.x % kPerRow;
   float sum = 0.0f;
-#pragma unroll 8
-  for (int c = part; c < kPadded; c += kPerRow)
-    sum = fmaf(bf16_load(dys[r * kRowStride<kPadded> + c]), bf16_load(ys[r * kRowStride<kPadded> + c]),
-               sum);
+#pragma unroll
+  for (int c = part * 8; c < kPadded; c += kPerRow * 8)
+    sum += dot8(*reinterpret_cast<const uint4*>(dys + r * kRowStride<kPadded> + c),
+                *reinterpret_cast<const uint4*>(ys + r * kRowStride<kPadded> + c));
 #pragma unroll
   for (int off = kPerRow / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (part == 0) delta[r] = sum;
@@ -396,7 +411,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kDTiles = kPadded / 8;
   constexpr int kBr = kDkdvQueryTile<kPadded>;
   constexpr int kQueryTiles = kBr / 8;  // n-tiles of S^T
-  constexpr bool kHold = kHoldA<kPadded>;
+  constexpr bool kHold = kDkdvHold<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] key tile; dk staging at the end
   uint16_t* vs = ks + kTile * S;                          // [64, S] value tile; dv staging
@@ -565,7 +580,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kChunks = kPadded / 16;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kKeyTiles = kTile / 8;
-  constexpr bool kHold = kHoldA<kPadded>;
+  constexpr bool kHold = kDqHold<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] query tile; dq staging
   uint16_t* dys = qs + kTile * S;                         // [64, S] dy tile
