@@ -59,6 +59,18 @@ void register_engine(const std::string& device, EngineFactory factory) {
   factories()[device] = factory;
 }
 
+void check_engine_device(const std::string& device) {
+  if (device == "cpu") return;
+  std::string known = "cpu";
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    found = factories().count(device) > 0;
+    for (const auto& [name, f] : factories()) known += ", " + name;
+  }
+  QV_CHECK(found, "training device '{}' is not available in this build (available: {})", device, known);
+}
+
 std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam) {
   if (device == "cpu") return make_cpu_engine(model, adam);
   EngineFactory factory = nullptr;

@@ -45,6 +45,8 @@ std::unique_ptr<Engine> make_cpu_engine(model::Model& model, AdamW& adam);
 // A device's engine over the host model and AdamW (their state is uploaded at creation).
 using EngineFactory = std::unique_ptr<Engine> (*)(model::Model& model, AdamW& adam);
 void register_engine(const std::string& device, EngineFactory factory);
+// Throws, naming the devices this build offers, unless `device` is "cpu" or registered.
+void check_engine_device(const std::string& device);
 // "cpu", or a registered device; an error names the devices this build offers.
 std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam);
 

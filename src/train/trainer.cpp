@@ -542,6 +542,7 @@ TrainResult run_training(const TrainOptions& options) {
     set_num_threads(options.threads);
     blas::set_threads(options.threads);
   }
+  check_engine_device(options.device);
   const bool resuming = !options.resume_dir.empty();
   RunStart start = resuming ? resume_run(options) : new_run(options);
   std::unique_ptr<model::Model>& model = start.model;
