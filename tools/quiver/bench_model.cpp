@@ -40,6 +40,7 @@ struct ModelBenchArgs {
   std::string gen_batches = "1,32,64";
   int64_t new_tokens = 256, prompt_tokens = 16;
   int steps = 10, warmup = 3;
+  bool greedy = false;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -148,6 +149,7 @@ void run_bench(const ModelBenchArgs& a) {
       so.temperature = 0.8;
       so.top_k = 50;
       so.top_p = 0.95;
+      so.greedy = a.greedy;
       for (const bool graphs : {true, false}) {
         std::vector<infer::Sampler> samplers;
         for (int64_t b = 0; b < B; ++b) {
@@ -163,7 +165,7 @@ void run_bench(const ModelBenchArgs& a) {
         for (const auto& c : out) produced += static_cast<int64_t>(c.tokens.size());
         const double s = timing.decode_s + timing.stop_check_s;
         nlohmann::ordered_json r;
-        r["benchmark"] = graphs ? "generate (CUDA graph)" : "generate (eager launches)";
+        r["benchmark"] = fmt::format("generate{} ({})", a.greedy ? " greedy" : "", graphs ? "CUDA graph" : "eager launches");
         r["config"] = cfg.name;
         r["micro_x_T"] = fmt::format("batch {}, {} + {} tokens", B, a.prompt_tokens, a.new_tokens);
         r["params"] = host.num_params();
@@ -204,6 +206,7 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--batches", a->gen_batches, "generation batch sizes")->capture_default_str();
   cmd->add_option("--new-tokens", a->new_tokens, "new tokens per sequence")->capture_default_str();
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt tokens per sequence")->capture_default_str();
+  cmd->add_flag("--greedy", a->greedy, "generate greedily instead of sampling (isolates the sampler's cost)");
   cmd->add_option("--steps", a->steps, "timed training steps")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "untimed training steps first")->capture_default_str();
   cmd->callback([a] { run_bench(*a); });
