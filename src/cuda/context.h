@@ -1,7 +1,8 @@
 // Per-device CUDA context: the cuBLASLt handle and the GEMM workspace, created lazily on first
 // use of a device and destroyed at program exit.
 //
-// Contract: the workspace is shared by every GEMM on the device, whatever the stream. GEMMs on
+// Contract: the workspace is shared by every GEMM on the device, whatever the stream, and by
+// the norm backward's parameter sums (ops.h). GEMMs on
 // one stream are ordered, so sharing is safe there; callers that run GEMMs on several streams
 // concurrently must order those streams (an event) or the GEMMs may corrupt each other's
 // workspace. Creating the context allocates (cudaMalloc), which a CUDA graph capture forbids:

@@ -60,17 +60,18 @@ __global__ void count_targets_kernel(const int32_t* targets, int64_t rows, float
 // A target ≥ vocab (the host validates targets; this is only a guard against reading out of
 // the row) gives a NaN loss, so the mean shows it.
 __global__ void cross_entropy_row_kernel(const uint16_t* logits, const int32_t* targets,
-                                         int64_t vocab, float scale, const float* count_in,
-                                         float* row_loss, uint16_t* dlogits) {
+                                         int64_t vocab, int64_t ld, float scale,
+                                         const float* count_in, float* row_loss,
+                                         uint16_t* dlogits) {
   __shared__ MaxSum scratch[32];
   const int64_t row = blockIdx.x;
-  const uint16_t* x = logits + row * vocab;
+  const uint16_t* x = logits + row * ld;
   const int32_t target = targets[row];
   if (target < 0 || target >= vocab) {
     if (threadIdx.x == 0) row_loss[row] = target < 0 ? 0.0f : __int_as_float(0x7fc00000);
     if (dlogits)
       for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-        dlogits[row * vocab + j] = target < 0 ? uint16_t{0} : uint16_t{0x7fc0};
+        dlogits[row * ld + j] = target < 0 ? uint16_t{0} : uint16_t{0x7fc0};
     return;
   }
   MaxSum local{-INFINITY, 0.0f};
@@ -92,7 +93,7 @@ __global__ void cross_entropy_row_kernel(const uint16_t* logits, const int32_t* 
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
       float g = __expf(bf16_load(x[j]) - total.max) * to_probability;
       if (j == target) g -= factor;
-      dlogits[row * vocab + j] = bf16_round(g);
+      dlogits[row * ld + j] = bf16_round(g);
     }
   }
 }
@@ -110,13 +111,13 @@ __global__ void mean_loss_kernel(const float* row_loss, int64_t rows, float* los
 }  // namespace
 
 void launch_cross_entropy(const uint16_t* logits, const int32_t* targets, int64_t rows,
-                          int64_t vocab, float scale, float* row_loss, uint16_t* dlogits,
+                          int64_t vocab, int64_t ld, float scale, float* row_loss, uint16_t* dlogits,
                           float* loss_mean, cudaStream_t stream) {
   count_targets_kernel<<<1, kThreads, 0, stream>>>(targets, rows, loss_mean);
   QV_CUDA_CHECK(cudaGetLastError());
   if (rows > 0) {
     cross_entropy_row_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        logits, targets, vocab, scale, loss_mean, row_loss, dlogits);
+        logits, targets, vocab, ld, scale, loss_mean, row_loss, dlogits);
     QV_CUDA_CHECK(cudaGetLastError());
   }
   mean_loss_kernel<<<1, kThreads, 0, stream>>>(row_loss, rows, loss_mean);

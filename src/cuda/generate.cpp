@@ -78,9 +78,13 @@ std::vector<infer::TokenCompletion> generate_tokens(
     ~PinnedFree() { cudaFreeHost(p); }
   } pinned_guard{host_history};
 
+  // Profiling (model.timer()) records events between ops, which a graph capture cannot hold.
+  const bool use_graphs = options.graphs && !model.timer().enabled();
   auto sample = [&] {
+    model.timer().mark("sampling", stream);
     sample_tokens(state->logits(), sampling, seeds_ptr, state->device_position(), L, state->tokens(), history,
                   max_new_tokens, stream);
+    model.timer().stop(stream);
   };
 
   Clock::time_point t0 = Clock::now();
@@ -135,7 +139,7 @@ std::vector<infer::TokenCompletion> generate_tokens(
     if (active == 0 || produced == max_new_tokens) break;
     // Finished rows keep feeding their last token; what they draw is never read.
     const int type = model.decode_row_type(state->position());
-    if (!options.graphs || !graphs.warmed[type]) {
+    if (!use_graphs || !graphs.warmed[type]) {
       model.decode_step(*state);  // the first step of a type warms its plans and scratch
       sample();
       graphs.warmed[type] = true;

@@ -31,6 +31,11 @@ int32_t* ints(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
 uint16_t* bf16(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
+// Logits rows are padded to a multiple of 64 elements so that every row starts 128-byte
+// aligned when V is odd (GPT-2's 50,257). On an H200 this took alg110m-dense's two backward
+// head GEMMs from 64 to 45 ms per step; the forward head GEMM stayed at 46 ms (~100 TFLOP/s).
+int64_t padded_vocab(int64_t V) { return (V + 63) / 64 * 64; }
+
 // The first n·width elements of a buffer as [n, width] (slots sized for the widest use).
 Tensor prefix(const Tensor& t, int64_t rows, int64_t width) {
   return t.reshape({-1}).slice(0, 0, rows * width).reshape({rows, width});
@@ -303,7 +308,7 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
   a->hf = mat(N, D);
   a->mean_f = vec(N);
   a->rstd_f = vec(N);
-  a->logits = mat(N, V);
+  a->logits = mat(N, padded_vocab(V));
   a->ffn_out = mat(N, D);
   a->row_loss = vec(N);
   a->loss = vec(1);
@@ -317,7 +322,7 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
     a->lin_workspace = device_empty({std::max<int64_t>(1, (bytes + 3) / 4)}, DType::F32);
   }
   if (training) {
-    a->dlogits = mat(N, V);
+    a->dlogits = mat(N, padded_vocab(V));
     for (Tensor* t : {&a->dx, &a->dh, &a->dtmp, &a->dy, &a->da, &a->db, &a->dc, &a->dmixed}) *t = mat(N, D);
     if (cfg_.pattern.find('L') != std::string::npos) {
       a->dgate = device_empty({N, D}, DType::F32);
@@ -426,14 +431,18 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
   const cudaStream_t s = stream_;
   const Shape hs{B, T, H, Dh};
 
+  auto mark = [&](const char* label) { timer_.mark(label, s); };
   Tensor& x0 = A.slot(0).x_in;
+  mark("embedding");
   detail::launch_embed(ints(A.tokens), N, T, f32(tok_emb_.master), rope ? nullptr : f32(pos_emb_.master), 0,
                        nullptr, D, bf16(x0), s);
 
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const Layer& L = *layers_[l];
     LayerActs& a = A.slot(l);
+    mark("norm");
     norm_forward(cfg_, a.x_in, L.norm1_w, L.norm1_b, a.h1, a.mean1, a.rstd1, s);
+    mark("mixer input projections");
     if (L.kind == 'A') {
       const int64_t kvw = Hkv * Dh;
       Tensor q = a.a, k = prefix(a.b, N, kvw), v = prefix(a.c, N, kvw);
@@ -442,10 +451,12 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
       project(a.h1, L.w_in[2], L.b_in[2], v, 0.0f, s);
       Tensor q4 = q.reshape(hs), k4 = k.reshape({B, T, Hkv, Dh}), v4 = v.reshape({B, T, Hkv, Dh});
       Tensor y4 = a.y.reshape(hs);
+      mark("rope");
       if (rope) {
         rope_forward(q4, q4, 0, cfg_.rope_base, s);
         rope_forward(k4, k4, 0, cfg_.rope_base, s);
       }
+      mark("attention");
       attention_forward(q4, k4, v4, y4, a.lse, s);
       if (ds) {
         copy_into_cache(ds->cache_a_[l], k, B, T, s);
@@ -457,10 +468,12 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
       project(a.h1, L.w_in[1], L.b_in[1], p2, 0.0f, s);
       if (!cfg_.relation.raw_x) project(a.h1, L.w_in[2], L.b_in[2], I, 0.0f, s);
       Tensor p14 = p1.reshape(hs), p24 = p2.reshape(hs), I4 = I.reshape(hs);
+      mark("rope");
       if (rope) {
         rope_forward(p14, p14, 0, cfg_.rope_base, s);
         rope_forward(p24, p24, 0, cfg_.rope_base, s);
       }
+      mark("givens");
       Tensor mixed4 = I4;
       if (L.theta.defined()) {
         mixed4 = a.mixed.reshape(hs);
@@ -468,6 +481,7 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
       }
       Tensor y4 = a.y.reshape(hs);
       if (L.kind == 'F') {
+        mark("flash relation");
         flash_relation_forward(p14, p24, mixed4, f32(L.lambda.master), y4, a.stats, rel_opts, s);
         if (ds) {
           copy_into_cache(ds->cache_a_[l], p2, B, T, s);
@@ -475,32 +489,43 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
         }
       } else {
         Tensor g2 = a.gate;
+        mark("retention gate");
         retention_gate_forward(a.h1, L.w_alpha_down.half, L.w_alpha_up.half, L.a_log.master, L.dt_bias.master,
                                a.r_down, g2, s);
         Tensor g4 = a.gate.reshape(hs);
+        mark("linear relation");
         linear_relation_forward(p14, p24, mixed4, g4, y4, rel_opts.tau_s, A.lin_workspace,
                                 ds ? &ds->state_[l] : nullptr, s);
       }
     }
+    mark("residual copies");
     copy_async(a.x_mid, a.x_in, s);
+    mark("mixer output projection");
     project(a.y, L.w_out, L.b_out, a.x_mid, 1.0f, s);
 
+    mark("norm");
     norm_forward(cfg_, a.x_mid, L.norm2_w, L.norm2_b, a.h2, a.mean2, a.rstd2, s);
+    mark("ffn projections");
     Tensor& next = l + 1 < cfg_.n_layers ? A.slot(l + 1).x_in : A.x_final;
     const std::vector<int>& types = A.row_types;
     if (cfg_.ffn.kind == "swiglu") {
       ffn_project(a.h2, L.ffn_gate, L.ffn_gate_b, ffn_up_proj_.get(), types, a.f_gate, false, a.f_act, s);
       ffn_project(a.h2, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, a.f_up, false, a.f_act, s);
+      mark("activation");
       swiglu_forward(a.f_gate, a.f_up, a.f_act, s);
     } else {
       ffn_project(a.h2, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, a.f_up, false, a.f_act, s);
+      mark("activation");
       gelu_forward(a.f_up, a.f_act, s);
     }
     // next = x_mid + ffn (next is this layer's x_in in the shared inference slot, free by now).
+    mark("residual copies");
     copy_async(next, a.x_mid, s);
+    mark("ffn projections");
     ffn_project(a.f_act, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, next, true, A.ffn_out, s);
   }
 
+  mark("norm");
   if (mode == Mode::Prefill) {
     const size_t row = static_cast<size_t>(D) * 2;
     QV_CUDA_CHECK(cudaMemcpy2DAsync(A.last_x.raw(), row, bf16(A.x_final) + (T - 1) * D, T * row, row,
@@ -509,21 +534,26 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
     return;
   }
   norm_forward(cfg_, A.x_final, norm_f_w_, norm_f_b_, A.hf, A.mean_f, A.rstd_f, s);
+  timer_.stop(s);
 }
 
 // logits = h · tok_embᵀ (tied) or h · W_head; then the loss (and dlogits when with_grad).
 void GpuModel::head_and_loss(Acts& A, const Tensor& h, bool with_grad, float grad_scale) {
-  const int64_t rows = h.dim(0), D = cfg_.d_model, V = cfg_.vocab_size;
-  Tensor logits = prefix(A.logits, rows, V);
+  const int64_t rows = h.dim(0), D = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(V);
+  Tensor logits = prefix(A.logits, rows, Vp).slice(1, 0, V);
+  timer_.mark("head", stream_);
   if (cfg_.tied_head)
     gemm(false, true, rows, V, D, 1.0f, h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, logits.raw(),
-         kBF16, V, stream_);
+         kBF16, Vp, stream_);
   else
     gemm(false, false, rows, V, D, 1.0f, h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, logits.raw(),
-         kBF16, V, stream_);
+         kBF16, Vp, stream_);
+  timer_.stop(stream_);
   if (rows != A.B * A.T) return;  // prefill: logits only
-  cross_entropy(logits, ints(A.targets), grad_scale, A.row_loss, A.loss, with_grad ? &A.dlogits : nullptr,
-                stream_);
+  timer_.mark("cross-entropy", stream_);
+  Tensor dlogits = with_grad ? A.dlogits.slice(1, 0, V) : Tensor();
+  cross_entropy(logits, ints(A.targets), grad_scale, A.row_loss, A.loss, with_grad ? &dlogits : nullptr, stream_);
+  timer_.stop(stream_);
 }
 
 double GpuModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
@@ -546,16 +576,17 @@ Tensor GpuModel::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   Acts& A = *infer_acts_;
   upload_tokens(tokens, nullptr, B * T, A);
   forward(A, Mode::Logits, nullptr);
-  const int64_t V = cfg_.vocab_size, D = cfg_.d_model;
+  const int64_t V = cfg_.vocab_size, D = cfg_.d_model, Vp = padded_vocab(V);
   if (cfg_.tied_head)
     gemm(false, true, B * T, V, D, 1.0f, A.hf.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f,
-         A.logits.raw(), kBF16, V, stream_);
+         A.logits.raw(), kBF16, Vp, stream_);
   else
     gemm(false, false, B * T, V, D, 1.0f, A.hf.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f,
-         A.logits.raw(), kBF16, V, stream_);
-  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+         A.logits.raw(), kBF16, Vp, stream_);
   Tensor host = Tensor::empty({B * T, V}, kBF16);
-  host.copy_from(A.logits);
+  QV_CUDA_CHECK(cudaMemcpy2DAsync(host.raw(), V * 2, A.logits.raw(), Vp * 2, V * 2, static_cast<size_t>(B * T),
+                                  cudaMemcpyDeviceToHost, stream_));
+  QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return host.to(DType::F32).reshape({B, T, V});
 }
 
@@ -573,18 +604,21 @@ void GpuModel::backward(Acts& A) {
   const AlgProj* down = ffn_down_proj_.get();
   const std::vector<int>& types = A.row_types;
 
-  // Head.
+  auto mark = [&](const char* label) { timer_.mark(label, s); };
+  mark("bwd head");
+  const int64_t Vp = padded_vocab(V);
   if (cfg_.tied_head) {
-    gemm(false, false, N, D, V, 1.0f, A.dlogits.raw(), kBF16, V, tok_emb_.half.raw(), kBF16, D, 0.0f, A.dh.raw(),
+    gemm(false, false, N, D, V, 1.0f, A.dlogits.raw(), kBF16, Vp, tok_emb_.half.raw(), kBF16, D, 0.0f, A.dh.raw(),
          kBF16, D, s);
-    gemm(true, false, V, D, N, 1.0f, A.dlogits.raw(), kBF16, V, A.hf.raw(), kBF16, D, 1.0f, tok_emb_.grad.raw(),
+    gemm(true, false, V, D, N, 1.0f, A.dlogits.raw(), kBF16, Vp, A.hf.raw(), kBF16, D, 1.0f, tok_emb_.grad.raw(),
          DType::F32, D, s);
   } else {
-    gemm(false, true, N, D, V, 1.0f, A.dlogits.raw(), kBF16, V, head_.half.raw(), kBF16, V, 0.0f, A.dh.raw(),
+    gemm(false, true, N, D, V, 1.0f, A.dlogits.raw(), kBF16, Vp, head_.half.raw(), kBF16, V, 0.0f, A.dh.raw(),
          kBF16, D, s);
-    gemm(true, false, D, V, N, 1.0f, A.hf.raw(), kBF16, D, A.dlogits.raw(), kBF16, V, 1.0f, head_.grad.raw(),
+    gemm(true, false, D, V, N, 1.0f, A.hf.raw(), kBF16, D, A.dlogits.raw(), kBF16, Vp, 1.0f, head_.grad.raw(),
          DType::F32, V, s);
   }
+  mark("bwd norm");
   norm_backward(cfg_, A.dh, A.x_final, norm_f_w_, norm_f_b_, A.mean_f, A.rstd_f, A.dx, s);
 
   // Backward of an FFN projection into dx (assigned, or accumulated through dtmp).
@@ -606,19 +640,27 @@ void GpuModel::backward(Acts& A) {
     LayerActs& a = A.slot(l);
 
     // FFN: A.dx holds d x_next.
+    mark("bwd ffn projections");
     ffn_back(A.dx, a.f_act, L.ffn_down, L.ffn_down_b, down, A.df_act, false);
     if (cfg_.ffn.kind == "swiglu") {
+      mark("bwd activation");
       swiglu_backward(A.df_act, a.f_gate, a.f_up, A.df_gate, A.df_up, s);
+      mark("bwd ffn projections");
       ffn_back(A.df_gate, a.h2, L.ffn_gate, L.ffn_gate_b, up, A.dh, false);
       ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, true);
     } else {
+      mark("bwd activation");
       gelu_backward(A.df_act, a.f_up, A.df_up, s);
+      mark("bwd ffn projections");
       ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, false);
     }
+    mark("bwd norm");
     norm_backward(cfg_, A.dh, a.x_mid, L.norm2_w, L.norm2_b, a.mean2, a.rstd2, A.dtmp, s);
+    mark("bwd residual adds");
     detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_mid
 
     // Mixer: x_mid = x_in + y W_O (+ b_O).
+    mark("bwd mixer projections");
     project_backward(A.dx, a.y, L.w_out, L.b_out, &A.dy, 0.0f, s);
     if (L.kind == 'A') {
       const int64_t kvw = Hkv * Dh;
@@ -626,11 +668,14 @@ void GpuModel::backward(Acts& A) {
       Tensor q4 = a.a.reshape(hs), k4 = prefix(a.b, N, kvw).reshape({B, T, Hkv, Dh});
       Tensor v4 = prefix(a.c, N, kvw).reshape({B, T, Hkv, Dh});
       Tensor dq4 = A.da.reshape(hs), dk4 = dk.reshape({B, T, Hkv, Dh}), dv4 = dv.reshape({B, T, Hkv, Dh});
+      mark("bwd attention");
       attention_backward(q4, k4, v4, a.y.reshape(hs), a.lse, A.dy.reshape(hs), dq4, dk4, dv4, s);
+      mark("bwd rope");
       if (rope) {
         rope_backward(dq4, dq4, 0, cfg_.rope_base, s);
         rope_backward(dk4, dk4, 0, cfg_.rope_base, s);
       }
+      mark("bwd mixer projections");
       project_backward(A.da, a.h1, L.w_in[0], L.b_in[0], &A.dh, 0.0f, s);
       project_backward(dk, a.h1, L.w_in[1], L.b_in[1], &A.dh, 1.0f, s);
       project_backward(dv, a.h1, L.w_in[2], L.b_in[2], &A.dh, 1.0f, s);
@@ -641,15 +686,18 @@ void GpuModel::backward(Acts& A) {
       Tensor dp14 = A.da.reshape(hs), dp24 = A.db.reshape(hs), dmixed4 = A.dmixed.reshape(hs);
       Tensor y4 = a.y.reshape(hs), dy4 = A.dy.reshape(hs);
       if (L.kind == 'F') {
+        mark("bwd flash relation");
         float* dlambda = cfg_.relation.lambda_frozen ? nullptr : f32(L.lambda.grad);
         flash_relation_backward(p14, p24, mixed4, f32(L.lambda.master), y4, a.stats, dy4, dp14, dp24, dmixed4,
                                 dlambda, rel_opts, A.rel_workspace, s);
       } else {
         Tensor g4 = a.gate.reshape(hs), dg4 = A.dgate.reshape(hs);
+        mark("bwd linear relation");
         linear_relation_backward(p14, p24, mixed4, g4, dy4, dp14, dp24, dmixed4, dg4, rel_opts.tau_s,
                                  A.lin_workspace, s);
       }
       Tensor dI4 = dmixed4;
+      mark("bwd givens");
       if (L.theta.defined()) {
         Tensor dtheta = L.theta.grad;
         givens_backward(dmixed4, I4, L.theta.master, l, dI4, dtheta, s);
@@ -658,6 +706,7 @@ void GpuModel::backward(Acts& A) {
         rope_backward(dp14, dp14, 0, cfg_.rope_base, s);
         rope_backward(dp24, dp24, 0, cfg_.rope_base, s);
       }
+      mark("bwd mixer projections");
       project_backward(A.da, a.h1, L.w_in[0], L.b_in[0], &A.dh, 0.0f, s);
       project_backward(A.db, a.h1, L.w_in[1], L.b_in[1], &A.dh, 1.0f, s);
       if (cfg_.relation.raw_x)
@@ -667,17 +716,22 @@ void GpuModel::backward(Acts& A) {
       if (L.kind == 'L') {
         Tensor dg2 = A.dgate, dwd = L.w_alpha_down.grad, dwu = L.w_alpha_up.grad;
         Tensor dal = L.a_log.grad, ddt = L.dt_bias.grad;
+        mark("bwd retention gate");
         retention_gate_backward(a.h1, L.w_alpha_down.half, L.w_alpha_up.half, L.a_log.master, L.dt_bias.master,
                                 a.r_down, dg2, A.dh, dwd, dwu, dal, ddt, A.dr, A.dr_down, s);
       }
     }
+    mark("bwd norm");
     norm_backward(cfg_, A.dh, a.x_in, L.norm1_w, L.norm1_b, a.mean1, a.rstd1, A.dtmp, s);
+    mark("bwd residual adds");
     detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_in
   }
+  mark("bwd embedding");
 
   Tensor demb = tok_emb_.grad;
   embedding_backward_accumulate(ints(A.tokens), N, A.dx, demb, s);
   if (!rope) detail::launch_position_backward(bf16(A.dx), B, T, D, f32(pos_emb_.grad), s);
+  timer_.stop(s);
 }
 
 void GpuModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
@@ -797,11 +851,15 @@ void GpuModel::decode_step(GpuDecodeState& st) {
   std::fill(st.row_types_.begin(), st.row_types_.end(), decode_row_type(st.pos_));
   const Shape rows{B, H, Dh};
 
+  auto mark = [&](const char* label) { timer_.mark(label, s); };
+  mark("embedding");
   detail::launch_embed(st.tokens(), B, 1, f32(tok_emb_.master), rope ? nullptr : f32(pos_emb_.master), 0, pos, D,
                        bf16(st.x_), s);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const Layer& L = *layers_[l];
+    mark("norm");
     norm_forward(cfg_, st.x_, L.norm1_w, L.norm1_b, st.h_, st.mean_, st.rstd_, s);
+    mark("mixer input projections");
     if (L.kind == 'A') {
       const int64_t kvw = Hkv * Dh;
       Tensor k = prefix(st.b_, B, kvw), v = prefix(st.c_, B, kvw);
@@ -809,11 +867,13 @@ void GpuModel::decode_step(GpuDecodeState& st) {
       project(st.h_, L.w_in[1], L.b_in[1], k, 0.0f, s);
       project(st.h_, L.w_in[2], L.b_in[2], v, 0.0f, s);
       Tensor q3 = st.a_.reshape(rows), k3 = k.reshape({B, Hkv, Dh}), v3 = v.reshape({B, Hkv, Dh});
+      mark("rope");
       if (rope) {
         rope_forward_at(q3, q3, pos, cfg_.rope_base, s);
         rope_forward_at(k3, k3, pos, cfg_.rope_base, s);
       }
       Tensor y3 = st.y_.reshape(rows);
+      mark("attention");
       attention_decode_step(q3, k3, v3, st.cache_a_[l], st.cache_b_[l], pos, y3, s);
     } else {
       Tensor I = cfg_.relation.raw_x ? st.h_ : st.c_;
@@ -821,6 +881,7 @@ void GpuModel::decode_step(GpuDecodeState& st) {
       project(st.h_, L.w_in[1], L.b_in[1], st.b_, 0.0f, s);
       if (!cfg_.relation.raw_x) project(st.h_, L.w_in[2], L.b_in[2], I, 0.0f, s);
       Tensor p13 = st.a_.reshape(rows), p23 = st.b_.reshape(rows), I3 = I.reshape(rows);
+      mark("rope");
       if (rope) {
         rope_forward_at(p13, p13, pos, cfg_.rope_base, s);
         rope_forward_at(p23, p23, pos, cfg_.rope_base, s);
@@ -831,6 +892,7 @@ void GpuModel::decode_step(GpuDecodeState& st) {
         givens_forward(I3, L.theta.master, l, mixed3, s);
       }
       Tensor y3 = st.y_.reshape(rows);
+      mark("relation / linear relation");
       if (L.kind == 'F') {
         relation_decode_step(p13, p23, mixed3, f32(L.lambda.master), st.cache_a_[l], st.cache_b_[l], pos, y3,
                              rel_opts, s);
@@ -842,20 +904,28 @@ void GpuModel::decode_step(GpuDecodeState& st) {
         linear_relation_decode_step(p13, p23, mixed3, g3, st.state_[l], y3, rel_opts.tau_s, s);
       }
     }
+    mark("mixer output projection");
     project(st.y_, L.w_out, L.b_out, st.x_, 1.0f, s);  // x += y W_O (in place: C = D = x)
+    mark("norm");
     norm_forward(cfg_, st.x_, L.norm2_w, L.norm2_b, st.h_, st.mean_, st.rstd_, s);
+    mark("ffn projections");
     const std::vector<int>& types = st.row_types_;
     if (cfg_.ffn.kind == "swiglu") {
       ffn_project(st.h_, L.ffn_gate, L.ffn_gate_b, ffn_up_proj_.get(), types, st.f_gate_, false, st.out_, s);
       ffn_project(st.h_, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, st.f_up_, false, st.out_, s);
+      mark("activation");
       swiglu_forward(st.f_gate_, st.f_up_, st.f_act_, s);
     } else {
       ffn_project(st.h_, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, st.f_up_, false, st.out_, s);
+      mark("activation");
       gelu_forward(st.f_up_, st.f_act_, s);
     }
+    mark("ffn projections");
     ffn_project(st.f_act_, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, st.x_, true, st.out_, s);
   }
+  mark("norm");
   norm_forward(cfg_, st.x_, norm_f_w_, norm_f_b_, st.h_, st.mean_, st.rstd_, s);
+  mark("head");
   if (cfg_.tied_head)
     gemm(false, true, B, V, D, 1.0f, st.h_.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, st.logits_.raw(),
          kBF16, V, s);
@@ -863,6 +933,7 @@ void GpuModel::decode_step(GpuDecodeState& st) {
     gemm(false, false, B, V, D, 1.0f, st.h_.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, st.logits_.raw(),
          kBF16, V, s);
   detail::launch_increment(st.device_position(), s);
+  timer_.stop(s);
   st.pos_ += 1;
 }
 

@@ -36,6 +36,7 @@
 #include "algebra/law.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "cuda/op_timer.h"
 #include "quiver/tensor.h"
 
 namespace quiver::cuda {
@@ -103,6 +104,9 @@ class GpuModel {
   int decode_row_type(int64_t position) const;
   int decode_row_types() const { return ffn_q_; }
 
+  // Per-op GPU times of what runs while enabled (op_timer.h; bench model --profile).
+  OpTimer& timer() { return timer_; }
+
   // Implementation types, defined in model.cpp.
   struct Layer;
   struct Acts;
@@ -130,6 +134,7 @@ class GpuModel {
   // after the copy that read it has run (its event).
   struct Staging;
   std::unique_ptr<Staging> staging_;
+  OpTimer timer_;
 };
 
 // Decode caches and the step's rows for B sequences in lockstep (made by

@@ -1,6 +1,8 @@
 // LayerNorm and RMSNorm kernels: bf16 rows, fp32 statistics and math, fp32 parameter
 // gradients. One block per row for the row passes; the parameter gradients are column sums
 // done by a second kernel in a fixed order, so they are deterministic.
+#include <algorithm>
+
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 
@@ -90,22 +92,27 @@ __global__ void norm_backward_dx_kernel(const uint16_t* dy, const uint16_t* x, c
 }
 
 // dweight[d] += Σ_r dy[r,d] x̂[r,d], dbias[d] += Σ_r dy[r,d]. Block (32 columns × 32 row
-// lanes): lane ty sums rows ty, ty + 32, ...; the lanes are then added in a fixed tree, so
-// the result is the same on every run.
+// lanes) over the rows of its split blockIdx.y: lane ty sums rows ty, ty + 32, ...; the lanes
+// are then added in a fixed tree. With one split the block adds into dweight and dbias; with
+// several, split y writes its sums to partial_w/partial_b[y·width + d] and
+// norm_params_reduce_kernel adds the splits in order, so the result is the same on every run.
 constexpr int kColumns = 32, kRowLanes = 32;
 
 template <bool kLayer>
 __global__ void norm_backward_params_kernel(const uint16_t* dy, const uint16_t* x,
                                             const float* mean_in, const float* rstd_in,
-                                            int64_t rows, int64_t width, float* dweight,
-                                            float* dbias) {
+                                            int64_t rows, int64_t width, int64_t rows_per_split,
+                                            float* dweight, float* dbias, float* partial_w,
+                                            float* partial_b) {
   __shared__ float weight_part[kRowLanes][kColumns + 1];
   __shared__ float bias_part[kRowLanes][kColumns + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t d = blockIdx.x * int64_t{kColumns} + tx;
   float weight_sum = 0.0f, bias_sum = 0.0f;
   if (d < width) {
-    for (int64_t r = ty; r < rows; r += kRowLanes) {
+    const int64_t r0 = blockIdx.y * rows_per_split;
+    const int64_t r1 = r0 + rows_per_split < rows ? r0 + rows_per_split : rows;
+    for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
       const float g = bf16_load(dy[r * width + d]);
       const float mean = kLayer ? mean_in[r] : 0.0f;
       weight_sum += g * (bf16_load(x[r * width + d]) - mean) * rstd_in[r];
@@ -123,9 +130,28 @@ __global__ void norm_backward_params_kernel(const uint16_t* dy, const uint16_t* 
     __syncthreads();
   }
   if (ty == 0 && d < width) {
-    dweight[d] += weight_part[0][tx];
-    if constexpr (kLayer) dbias[d] += bias_part[0][tx];
+    if (partial_w) {
+      partial_w[blockIdx.y * width + d] = weight_part[0][tx];
+      if constexpr (kLayer) partial_b[blockIdx.y * width + d] = bias_part[0][tx];
+    } else {
+      dweight[d] += weight_part[0][tx];
+      if constexpr (kLayer) dbias[d] += bias_part[0][tx];
+    }
   }
+}
+
+__global__ void norm_params_reduce_kernel(const float* partial_w, const float* partial_b,
+                                          int64_t splits, int64_t width, float* dweight,
+                                          float* dbias) {
+  const int64_t d = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (d >= width) return;
+  float w = 0.0f, b = 0.0f;
+  for (int64_t y = 0; y < splits; ++y) {
+    w += partial_w[y * width + d];
+    if (dbias) b += partial_b[y * width + d];
+  }
+  dweight[d] += w;
+  if (dbias) dbias[d] += b;
 }
 
 template <typename W>
@@ -175,7 +201,7 @@ void launch_norm_forward(const uint16_t* x, const void* weight, const void* bias
 void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* weight,
                           bool weight_bf16, const float* mean, const float* rstd, int64_t rows,
                           int64_t width, uint16_t* dx, float* dweight, float* dbias,
-                          cudaStream_t stream) {
+                          float* scratch, int64_t scratch_floats, cudaStream_t stream) {
   if (rows == 0) return;
   if (weight_bf16)
     norm_backward_dx_typed(dy, x, static_cast<const uint16_t*>(weight), mean, rstd, rows, width,
@@ -183,15 +209,27 @@ void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* wei
   else
     norm_backward_dx_typed(dy, x, static_cast<const float*>(weight), mean, rstd, rows, width, dx,
                            stream);
+  // Splits of at least 512 rows, at most 128 of them, as the scratch allows.
+  int64_t splits = std::min<int64_t>(128, (rows + 511) / 512);
+  while (splits > 1 && splits * width * 2 > scratch_floats) splits /= 2;
+  if (!scratch) splits = 1;
+  const int64_t per_split = (rows + splits - 1) / splits;
+  float* partial_w = splits > 1 ? scratch : nullptr;
+  float* partial_b = splits > 1 ? scratch + splits * width : nullptr;
   const dim3 block(kColumns, kRowLanes);
-  const unsigned grid = static_cast<unsigned>((width + kColumns - 1) / kColumns);
+  const dim3 grid(static_cast<unsigned>((width + kColumns - 1) / kColumns), static_cast<unsigned>(splits));
   if (mean)
-    norm_backward_params_kernel<true><<<grid, block, 0, stream>>>(dy, x, mean, rstd, rows, width,
-                                                                  dweight, dbias);
+    norm_backward_params_kernel<true><<<grid, block, 0, stream>>>(dy, x, mean, rstd, rows, width, per_split,
+                                                                  dweight, dbias, partial_w, partial_b);
   else
-    norm_backward_params_kernel<false><<<grid, block, 0, stream>>>(dy, x, mean, rstd, rows,
-                                                                   width, dweight, dbias);
+    norm_backward_params_kernel<false><<<grid, block, 0, stream>>>(dy, x, mean, rstd, rows, width, per_split,
+                                                                   dweight, dbias, partial_w, partial_b);
   QV_CUDA_CHECK(cudaGetLastError());
+  if (splits > 1) {
+    norm_params_reduce_kernel<<<static_cast<unsigned>((width + 255) / 256), 256, 0, stream>>>(
+        partial_w, mean ? partial_b : nullptr, splits, width, dweight, mean ? dbias : nullptr);
+    QV_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace quiver::cuda::detail

@@ -37,7 +37,9 @@ void embedding_backward_accumulate(const int32_t* tokens, int64_t n, const Tenso
 
 // LayerNorm / RMSNorm over the last dimension, as ops/norm.h. x, y, dy, dx BF16 [N, D];
 // weight, bias F32 or BF16 [D] (one dtype); mean, rstd F32 with N elements (written by the
-// forward pass); dweight, dbias F32 [D], accumulated (+=). dx is assigned.
+// forward pass); dweight, dbias F32 [D], accumulated (+=). dx is assigned. The backward's
+// parameter sums borrow the device's GEMM workspace (context.h), so norms and GEMMs running
+// concurrently on different streams must be ordered.
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                        Tensor& y, Tensor& mean, Tensor& rstd, cudaStream_t stream = nullptr);
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -74,7 +76,9 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, cudaStream_t s
 // Writes row_loss (F32, N elements; 0 for ignored rows), loss (F32, one element: the mean
 // over counted rows, 0 when none; reduced on the device in a fixed order) and, when dlogits
 // is not null, dlogits (BF16 like logits) = scale · (softmax − onehot) / count (zero rows
-// for ignored ones). N < 2^24.
+// for ignored ones). N < 2^24. logits may also be a 2-d [N, V] window of a wider buffer (row
+// stride > V, unit column stride: rows padded so that GEMMs writing them stay aligned); dlogits
+// must then have the same shape and strides.
 void cross_entropy(const Tensor& logits, const int32_t* targets, float scale, Tensor& row_loss,
                    Tensor& loss, Tensor* dlogits, cudaStream_t stream = nullptr);
 

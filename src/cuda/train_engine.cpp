@@ -38,16 +38,20 @@ class CudaEngine final : public train::Engine {
   std::string description() const override { return device_name(); }
 
   void zero_grads() override { model_.zero_grads(); }
+  // The GPU model, for profiling (bench model --profile).
+  GpuModel& model() { return model_; }
   void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                         float grad_scale) override {
     model_.forward_backward(tokens, targets, B, T, grad_scale);
   }
   StepResult optimizer_step(double lr, double clip) override {
     const cudaStream_t s = model_.stream();
+    model_.timer().mark("optimizer (clip, AdamW, bf16 copy)", s);
     clip_grad_norm(model_.grads(), segments_, clip, norm_, s);
     ++step_;
     adamw_step(model_.params(), model_.grads(), m_, v_, segments_, adam_.options(), lr, step_, s);
     model_.params_changed();
+    model_.timer().stop(s);
     QV_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_.raw(), sizeof(float), cudaMemcpyDeviceToHost, s));
     StepResult r;
     r.loss_sum = model_.take_loss_sum();  // waits for the stream, so the norm has arrived too
@@ -81,6 +85,11 @@ std::unique_ptr<train::Engine> make_cuda_engine(model::Model& model, train::Adam
 }
 
 }  // namespace
+
+OpTimer* engine_timer(train::Engine& engine) {
+  auto* e = dynamic_cast<CudaEngine*>(&engine);
+  return e ? &e->model().timer() : nullptr;
+}
 
 void register_train_engine() { train::register_engine("cuda", &make_cuda_engine); }
 

@@ -322,6 +322,73 @@ TEST(GpuSampler, DrawsTheCpuSamplersDistribution) {
   EXPECT_EQ(id, 17);
 }
 
+// The top-k fast path (candidates above a bound, sorted in shared memory) and the radix path
+// keep the same set and draw the same token: with top_k ≥ V both keep every token, so the
+// draws must agree bit for bit, for odd V (rows that start off 16-byte alignment) and ties.
+std::vector<int32_t> draw(const Tensor& logits_dev, const infer::SamplerOptions& so, int64_t rows, int32_t pos) {
+  std::vector<uint64_t> seeds(rows);
+  for (int64_t b = 0; b < rows; ++b) seeds[b] = 77 + 3 * b;
+  Tensor seeds_dev = Tensor::empty({rows}, DType::F64, Device::CUDA);
+  QV_CUDA_CHECK(cudaMemcpy(seeds_dev.raw(), seeds.data(), 8 * rows, cudaMemcpyHostToDevice));
+  Tensor pos_dev = Tensor::empty({1}, DType::F32, Device::CUDA);
+  QV_CUDA_CHECK(cudaMemcpy(pos_dev.raw(), &pos, sizeof(int32_t), cudaMemcpyHostToDevice));
+  Tensor out = Tensor::empty({rows}, DType::F32, Device::CUDA);
+  cuda::sample_tokens(logits_dev, so, static_cast<const uint64_t*>(seeds_dev.raw()),
+                      static_cast<const int32_t*>(pos_dev.raw()), 0, static_cast<int32_t*>(out.raw()), nullptr, 0);
+  std::vector<int32_t> got(rows);
+  QV_CUDA_CHECK(cudaMemcpy(got.data(), out.raw(), 4 * rows, cudaMemcpyDeviceToHost));
+  return got;
+}
+
+TEST(GpuSampler, TopKFastPathEqualsTheRadixPath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t V : {1000, 1001, 1024}) {
+    const int64_t rows = 64;
+    Rng rng(V);
+    Tensor logits = Tensor::empty({rows, V}, DType::F32);
+    rng.fill_normal(logits, 0.0, 1.5);
+    for (int64_t i = 0; i < rows * V; i += 7) logits.data<float>()[i] = 1.0f;  // ties
+    Tensor dev = gpu_testing::to_device(logits, DType::BF16);
+    for (double top_p : {1.0, 0.9, 0.5})
+      for (double temperature : {0.7, 1.3}) {
+        infer::SamplerOptions all, fast;
+        all.temperature = fast.temperature = temperature;
+        all.top_p = fast.top_p = top_p;
+        all.top_k = 0;     // the radix path
+        fast.top_k = V;    // the fast path (top_k ≤ 1024), keeping every token too
+        for (int32_t pos = 0; pos < 4; ++pos)
+          EXPECT_EQ(draw(dev, fast, rows, pos), draw(dev, all, rows, pos))
+              << "V " << V << " top_p " << top_p << " temperature " << temperature << " pos " << pos;
+      }
+  }
+}
+
+// Equal logits everywhere: the top-k set is the first k ids (ties in id order), and the
+// nucleus the first half of them; with V = 50,257 the candidates overflow the fast path's
+// list and the radix path answers, with V = 3,000 the fast path does.
+TEST(GpuSampler, TiesKeepTheLowestIds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t V : {3000, 50257}) {
+    const int64_t rows = 256;
+    Tensor dev = gpu_testing::to_device(Tensor::zeros({rows, V}, DType::F32), DType::BF16);
+    infer::SamplerOptions so;
+    so.temperature = 1.0;
+    so.top_k = 50;
+    for (double top_p : {1.0, 0.5}) {
+      so.top_p = top_p;
+      std::vector<int> seen(50, 0);
+      for (int32_t pos = 0; pos < 4; ++pos)
+        for (int32_t id : draw(dev, so, rows, pos)) {
+          ASSERT_TRUE(id >= 0 && id < (top_p < 1 ? 25 : 50)) << "V " << V << " top_p " << top_p << " id " << id;
+          ++seen[id];
+        }
+      int distinct = 0;
+      for (int c : seen) distinct += c > 0;
+      EXPECT_GT(distinct, top_p < 1 ? 20 : 40) << "V " << V << ": draws should spread over the kept ids";
+    }
+  }
+}
+
 // Graph replay draws the same tokens as launching every kernel, for a dense and an algebraic
 // (one graph per row type) model; greedy tokens are the argmax of the full forward.
 TEST(GpuGenerate, GraphReplayEqualsEagerSteps) {

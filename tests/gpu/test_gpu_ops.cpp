@@ -211,6 +211,8 @@ TEST(GpuOps, LayerNormForwardBackward) {
     check_norm(true, {3, 7, 37}, dt, 21);
     check_norm(true, {70, 1000}, dt, 22);
   }
+  // Rows over several 512-row splits of the parameter sums (an uneven last split).
+  check_norm(true, {2, 1500, 96}, DType::F32, 25);
 }
 
 TEST(GpuOps, RmsNormForwardBackward) {
@@ -219,6 +221,7 @@ TEST(GpuOps, RmsNormForwardBackward) {
     check_norm(false, {3, 7, 37}, dt, 23);
     check_norm(false, {70, 1000}, dt, 24);
   }
+  check_norm(false, {2, 1500, 96}, DType::F32, 26);
 }
 
 TEST(GpuOps, RopeForwardBackwardAndInPlace) {

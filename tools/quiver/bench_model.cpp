@@ -22,6 +22,7 @@
 #include "cuda/backend.h"
 #include "cuda/generate.h"
 #include "cuda/model.h"
+#include "cuda/op_timer.h"
 #include "cuda/train_engine.h"
 #endif
 
@@ -41,6 +42,7 @@ struct ModelBenchArgs {
   int64_t new_tokens = 256, prompt_tokens = 16;
   int steps = 10, warmup = 3;
   bool greedy = false;
+  bool profile = false;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -68,6 +70,25 @@ double mixer_flops_per_token(const model::ModelConfig& c, int64_t T) {
   return 6.0 * static_cast<double>(quadratic) * static_cast<double>(T) * static_cast<double>(c.d_model);
 }
 
+#ifdef QUIVER_HAVE_CUDA
+// Prints a timer's table (ms per `per` units and share) and returns it as rows.
+void print_profile(const std::string& title, cuda::OpTimer& timer, double per, nlohmann::ordered_json& out) {
+  const auto times = timer.take();
+  double total = 0;
+  for (const auto& [label, ms] : times) total += ms;
+  fmt::print("{}: {:.3f} ms in marked ops\n", title, total / per);
+  for (const auto& [label, ms] : times) {
+    fmt::print("  {:<40} {:9.3f} ms  {:5.1f}%\n", label, ms / per, 100 * ms / total);
+    nlohmann::ordered_json r;
+    r["profile"] = title;
+    r["op"] = label;
+    r["ms"] = ms / per;
+    r["share"] = ms / total;
+    out.push_back(r);
+  }
+}
+#endif
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -79,6 +100,7 @@ void run_bench(const ModelBenchArgs& a) {
   cuda::register_backend();
   cuda::register_train_engine();
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  nlohmann::ordered_json profile_rows = nlohmann::ordered_json::array();
 
   for (const std::string& entry : split(a.train, ',')) {
     const std::vector<std::string> f = split(entry, ':');
@@ -133,6 +155,13 @@ void run_bench(const ModelBenchArgs& a) {
     rows.push_back(r);
     fmt::print("train {} {}x{}: {:.1f} ms/step, {:.0f} tok/s, MFU {:.1f}%\n", cfg.name, B, T, median * 1e3, tok_s,
                100 * mfu);
+    if (a.profile) {
+      cuda::OpTimer* timer = cuda::engine_timer(*engine);
+      timer->enable(true);
+      step();
+      timer->enable(false);
+      print_profile(fmt::format("train step {} {}x{}", cfg.name, B, T), *timer, 1.0, profile_rows);
+    }
   }
 
   for (const std::string& name : split(a.generate, ',')) {
@@ -179,11 +208,22 @@ void run_bench(const ModelBenchArgs& a) {
         fmt::print("generate {} batch {} ({}): {:.0f} tok/s, {:.3f} ms per token step\n", cfg.name, B,
                    graphs ? "graphs" : "eager", static_cast<double>(produced) / s, 1e3 * s / a.new_tokens);
       }
+      if (a.profile) {
+        std::vector<infer::Sampler> samplers;
+        for (int64_t b = 0; b < B; ++b) samplers.emplace_back(so);
+        gpu.timer().enable(true);
+        cuda::generate_tokens(gpu, prompts, a.new_tokens, samplers, {}, {}, nullptr, {});
+        gpu.timer().enable(false);
+        print_profile(fmt::format("decode step {} batch {} (eager, per token)", cfg.name, B), gpu.timer(),
+                      static_cast<double>(a.new_tokens), profile_rows);
+      }
     }
   }
   print_table(rows);
   const std::string machine = fmt::format("{} (GPU), host {}", cuda::device_name(), cpu_description());
   fmt::print("wrote {}\n", write_results(a.results_dir, "model-cuda", machine, rows));
+  if (!profile_rows.empty())
+    fmt::print("wrote {}\n", write_results(a.results_dir, "model-cuda-profile", machine, profile_rows));
 #else
   (void)a;
   fail("bench model --device cuda: this build has no CUDA backend");
@@ -206,6 +246,8 @@ void register_bench_model(CLI::App& bench) {
   cmd->add_option("--batches", a->gen_batches, "generation batch sizes")->capture_default_str();
   cmd->add_option("--new-tokens", a->new_tokens, "new tokens per sequence")->capture_default_str();
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt tokens per sequence")->capture_default_str();
+  cmd->add_flag("--profile", a->profile,
+                "also time each op of one training step and of the decode steps (CUDA events; eager)");
   cmd->add_flag("--greedy", a->greedy, "generate greedily instead of sampling (isolates the sampler's cost)");
   cmd->add_option("--steps", a->steps, "timed training steps")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "untimed training steps first")->capture_default_str();
