@@ -15,6 +15,7 @@
 #include "cuda/model_launch.h"
 #include "cuda/ops.h"
 #include "cuda/relation.h"
+#include "model/layer_params.h"
 #include "ops/relation.h"
 #include "quiver/error.h"
 
@@ -170,33 +171,7 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
   };
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     auto L = std::make_unique<Layer>();
-    const std::string p = "layers." + std::to_string(l) + ".";
-    L->kind = cfg_.pattern[l];
-    L->norm1_w = get(p + "norm1.weight");
-    L->norm1_b = get(p + "norm1.bias");
-    L->norm2_w = get(p + "norm2.weight");
-    L->norm2_b = get(p + "norm2.bias");
-    const char* attn_names[3] = {"q", "k", "v"};
-    const char* rel_names[3] = {"1", "2", "i"};
-    for (int i = 0; i < 3; ++i) {
-      const std::string s = L->kind == 'A' ? attn_names[i] : rel_names[i];
-      L->w_in[i] = get(p + "mixer.w" + s);
-      L->b_in[i] = get(p + "mixer.b" + s);
-    }
-    L->w_out = get(p + "mixer.wo");
-    L->b_out = get(p + "mixer.bo");
-    L->theta = get(p + "mixer.theta");
-    L->lambda = get(p + "mixer.lambda");
-    L->w_alpha_down = get(p + "mixer.w_alpha_down");
-    L->w_alpha_up = get(p + "mixer.w_alpha_up");
-    L->a_log = get(p + "mixer.a_log");
-    L->dt_bias = get(p + "mixer.dt_bias");
-    L->ffn_gate = get(p + "ffn.gate");
-    L->ffn_up = get(p + "ffn.up");
-    L->ffn_down = get(p + "ffn.down");
-    L->ffn_gate_b = get(p + "ffn.gate_bias");
-    L->ffn_up_b = get(p + "ffn.up_bias");
-    L->ffn_down_b = get(p + "ffn.down_bias");
+    model::bind_layer_params(*L, cfg_.pattern[l], l, get);
     layers_.push_back(std::move(L));
   }
   tok_emb_ = get("tok_emb");
