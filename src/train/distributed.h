@@ -1,0 +1,64 @@
+// The device-independent parts of data-parallel training (one process per GPU, NCCL between
+// them): how the global batch, the gradients and the optimizer state are divided among the
+// ranks, and the rendezvous that hands rank 0's NCCL id to the other ranks.
+//
+// Data: the ranks share one sequential stream (train::BatchLoader with the GLOBAL micro-batch
+// B·world); rank r takes the rows [r·B, (r+1)·B) of each global micro-batch. So a run on N GPUs
+// sees exactly the windows, in the same order, as one GPU with the same global batch, every
+// token once per pass, and the data cursor in a checkpoint means the same thing for any N.
+//
+// Gradients: buckets of whole parameter tensors in reverse table order (the backward finishes
+// the last layers first), each at most cap bytes of fp32 (a larger tensor is a bucket of its
+// own), all-reduced as soon as the backward has produced them. The flat table is contiguous,
+// so every bucket is one range of the flat gradient buffer.
+//
+// Optimizer state (ZeRO-1): rank r keeps AdamW's m and v only for its contiguous shard of the
+// flat buffer, updates those parameters, and the updated shards are all-gathered. Before a
+// checkpoint the shards are gathered into the full m and v, so checkpoints have the
+// single-device layout (train/trainer.h) and a run resumes on any number of GPUs.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace quiver::train {
+
+struct Range {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// ZeRO-1 shards of [0, num_params): `world` contiguous ranges in rank order, covering it
+// exactly; interior boundaries are multiples of `align` elements (aligned collective chunks),
+// and sizes differ by at most `align`. world ≥ 1, align ≥ 1.
+std::vector<Range> shard_ranges(int64_t num_params, int world, int64_t align = 64);
+
+struct Bucket {
+  Range range;                // in the flat buffer
+  std::vector<size_t> params; // indices into the table, in the order the backward finishes them
+};
+
+// Gradient buckets (see the file comment); cap_bytes ≥ 1, counted as fp32 bytes. Every
+// parameter is in exactly one bucket.
+std::vector<Bucket> bucket_plan(const std::vector<model::ParamInfo>& table, int64_t cap_bytes);
+
+// Rank r's rows of a global micro-batch of `global_batch` rows; an error unless world divides
+// it (naming both).
+Range rank_rows(int64_t global_batch, int rank, int world);
+
+// Rendezvous: rank 0 publishes `payload` (the NCCL unique id); every rank returns it. Errors
+// name the address or path and the timeout.
+//   file: rank 0 writes PATH atomically (temporary file, fsync, rename); the others wait for it.
+//         PATH must not exist beforehand (a stale file would hand out an old id), so a
+//         launcher uses a fresh path per run.
+//   tcp:  rank 0 listens on 127.0.0.1:PORT (or ADDRESS:PORT), sends the payload to world − 1
+//         connections and returns; the others connect (retrying until the timeout) and read.
+std::string rendezvous_file(const std::string& path, int rank, const std::string& payload,
+                            std::chrono::milliseconds timeout);
+std::string rendezvous_tcp(const std::string& host, int port, int rank, int world, const std::string& payload,
+                           std::chrono::milliseconds timeout);
+
+}  // namespace quiver::train
