@@ -348,6 +348,7 @@ TEST_F(TrainerTest, LearnsAndWritesTheRunFolder) {
   EXPECT_EQ(run["options"]["steps"], 40);
   EXPECT_EQ(run["summary"]["step"], 40);
   EXPECT_EQ(run["config"]["name"], "trainer-test");
+  EXPECT_EQ(run["device"], "cpu");
   const std::string svg = slurp(path("run/loss.svg"));
   EXPECT_NE(svg.find("data-label=\"train loss\""), std::string::npos);
   EXPECT_NE(svg.find("data-label=\"val loss\""), std::string::npos);
@@ -404,6 +405,12 @@ TEST_F(TrainerTest, ErrorsNameTheProblem) {
   o = options("corrupt");
   o.data_dir = path("bad");
   expect_error([&] { run_training(o); }, {shard});
+
+  // A training device this build does not have: named with the available ones, nothing written.
+  o = options("device");
+  o.device = "tpu";
+  expect_error([&] { run_training(o); }, {"'tpu'", "not available", "cpu"});
+  EXPECT_FALSE(fs::exists(path("device")));
 
   // Neither --steps nor --tokens.
   o = options("nolength");

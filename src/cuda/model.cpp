@@ -194,12 +194,10 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
 }
 
 GpuModel::~GpuModel() {
+  if (stream_) cudaStreamSynchronize(stream_);  // queued work may still use the buffers
   train_acts_.reset();
   infer_acts_.reset();
-  if (stream_) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  if (stream_) cudaStreamDestroy(stream_);
 }
 
 void GpuModel::load_params(const Tensor& host) {
