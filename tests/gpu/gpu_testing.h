@@ -2,12 +2,14 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <cuda_runtime.h>
 
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "quiver/rng.h"
 #include "quiver/tensor.h"
 
 namespace quiver::gpu_testing {
@@ -52,6 +54,33 @@ inline Tensor abs_of(const Tensor& f64) {
   double* p = a.data<double>();
   for (int64_t i = 0; i < a.numel(); ++i) p[i] = std::fabs(p[i]);
   return a;
+}
+
+// Random bf16 values (host); their F64 copy is exact, so a reference sees the kernel's inputs.
+inline Tensor random_bf16(const Shape& shape, Rng& rng, double lo = -2.0, double hi = 2.0) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  rng.fill_uniform(t, lo, hi);
+  return t.to(DType::BF16);
+}
+
+// The Euclidean norm of a host tensor, in F64.
+inline double norm(const Tensor& t) {
+  const Tensor d = t.to(DType::F64);
+  const double* p = d.data<double>();
+  double s = 0;
+  for (int64_t i = 0; i < d.numel(); ++i) s += p[i] * p[i];
+  return std::sqrt(s);
+}
+
+// ‖got − ref‖ / max(‖ref‖, 1), both F64 host tensors of one shape; NaN (an unwritten output)
+// stays NaN.
+inline double error(const Tensor& got, const Tensor& ref) {
+  EXPECT_EQ(got.shape(), ref.shape());
+  const double* g = got.data<double>();
+  const double* r = ref.data<double>();
+  double diff = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) diff += (g[i] - r[i]) * (g[i] - r[i]);
+  return std::sqrt(diff) / std::max(norm(ref), 1.0);
 }
 
 }  // namespace quiver::gpu_testing

@@ -28,30 +28,6 @@ constexpr double kU = 1.0 / 256.0;
 constexpr double kTight = 2 * kU;
 constexpr double kTheta = 1e-4;
 
-Tensor random_bf16(const Shape& shape, Rng& rng, double lo, double hi) {
-  Tensor t = Tensor::empty(shape, DType::F32);
-  rng.fill_uniform(t, lo, hi);
-  return t.to(DType::BF16);
-}
-
-double norm(const Tensor& t) {
-  const Tensor d = t.to(DType::F64);
-  const double* p = d.data<double>();
-  double s = 0;
-  for (int64_t i = 0; i < d.numel(); ++i) s += p[i] * p[i];
-  return std::sqrt(s);
-}
-
-// ‖got − ref‖ / max(‖ref‖, 1), both F64 of one shape; NaN (an unwritten output) stays NaN.
-double error(const Tensor& got, const Tensor& ref) {
-  EXPECT_EQ(got.shape(), ref.shape());
-  const double* g = got.data<double>();
-  const double* r = ref.data<double>();
-  double diff = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) diff += (g[i] - r[i]) * (g[i] - r[i]);
-  return std::sqrt(diff) / std::max(norm(ref), 1.0);
-}
-
 struct Case {
   Shape shape;  // [..., H, Dh]
   int64_t layer;

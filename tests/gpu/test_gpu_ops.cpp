@@ -41,12 +41,6 @@ constexpr double kAdamTol = 1e-6;
 
 // Random bf16 values (host); .to(F64) of the result is exact, so the reference sees the
 // same inputs as the kernel.
-Tensor random_bf16(const Shape& shape, Rng& rng, double lo = -2.0, double hi = 2.0) {
-  Tensor t = Tensor::empty(shape, DType::F32);
-  rng.fill_uniform(t, lo, hi);
-  return t.to(DType::BF16);
-}
-
 Tensor random_f32(const Shape& shape, Rng& rng, double lo = -1.0, double hi = 1.0) {
   Tensor t = Tensor::empty(shape, DType::F32);
   rng.fill_uniform(t, lo, hi);
