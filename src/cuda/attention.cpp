@@ -1,6 +1,7 @@
 // Entry points of the GPU flash attention (attention.h): host-side shape and dtype checks with
 // named errors, then the launcher instantiated for the head width rounded up to a multiple of
 // 16 (attention_launch.h).
+#include "cuda/tensor_args.h"
 #include "cuda/attention.h"
 
 #include <cstdint>
@@ -12,6 +13,8 @@
 
 namespace quiver::cuda {
 namespace {
+
+static_assert(detail::kAttentionPadStep == 16, "dispatch_padded_width instantiates multiples of 16");
 
 constexpr const char* kForward = "cuda::attention_forward";
 constexpr const char* kBackward = "cuda::attention_backward";
@@ -67,24 +70,6 @@ Problem check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char*
   return pr;
 }
 
-const uint16_t* bf16_in(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
-uint16_t* bf16_out(Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-
-// The instantiation for Dh rounded up to a multiple of kAttentionPadStep.
-template <class Args, class Launch>
-void dispatch_head_width(int64_t Dh, const Args& args, cudaStream_t stream, Launch launch) {
-  switch ((Dh + detail::kAttentionPadStep - 1) / detail::kAttentionPadStep) {
-    case 1: return launch.template operator()<16>(args, stream);
-    case 2: return launch.template operator()<32>(args, stream);
-    case 3: return launch.template operator()<48>(args, stream);
-    case 4: return launch.template operator()<64>(args, stream);
-    case 5: return launch.template operator()<80>(args, stream);
-    case 6: return launch.template operator()<96>(args, stream);
-    case 7: return launch.template operator()<112>(args, stream);
-    case 8: return launch.template operator()<128>(args, stream);
-    default: fail("cuda::attention: unsupported head width {}", Dh);
-  }
-}
 
 }  // namespace
 
@@ -95,10 +80,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   prepare_output(lse, DType::F32, pr.lse_shape, kForward, "lse");
   const detail::AttentionForwardArgs args{pr.dims,      bf16_in(q), bf16_in(k), bf16_in(v),
                                           bf16_out(y), static_cast<float*>(lse.raw())};
-  dispatch_head_width(pr.dims.Dh, args, stream,
+  dispatch_padded_width(pr.dims.Dh, args, stream,
                       []<int P>(const detail::AttentionForwardArgs& a, cudaStream_t s) {
                         detail::launch_attention_forward<P>(a, s);
-                      });
+                      }, "cuda::attention");
 }
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
@@ -121,10 +106,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                                            bf16_out(dq),
                                            bf16_out(dk),
                                            bf16_out(dv)};
-  dispatch_head_width(pr.dims.Dh, args, stream,
+  dispatch_padded_width(pr.dims.Dh, args, stream,
                       []<int P>(const detail::AttentionBackwardArgs& a, cudaStream_t s) {
                         detail::launch_attention_backward<P>(a, s);
-                      });
+                      }, "cuda::attention");
 }
 
 void attention_decode_step(const Tensor& q_row, const Tensor& k_row, const Tensor& v_row,

@@ -7,6 +7,7 @@
 #include <limits>
 #include <utility>
 
+#include "cuda/tensor_args.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
 #include "cuda/elementwise_launch.h"
@@ -15,42 +16,25 @@
 namespace quiver::cuda {
 namespace {
 
-void check_device(const Tensor& t, const char* op, const char* name) {
-  QV_CHECK(t.defined(), "{}: {} is undefined", op, name);
-  QV_CHECK(t.device() == Device::CUDA && t.is_contiguous(),
-           "{}: {} must be a contiguous CUDA tensor (shape {}, device {})", op, name,
-           shape_str(t.shape()), quiver::device_name(t.device()));
-}
-
-void check_device(const Tensor& t, DType dtype, const char* op, const char* name) {
-  check_device(t, op, name);
-  QV_CHECK(t.dtype() == dtype, "{}: {}: expected dtype {}, got {}", op, name, dtype_name(dtype),
-           dtype_name(t.dtype()));
-}
-
 void check_like(const Tensor& t, const Tensor& like, DType dtype, const char* op, const char* name,
                 const char* like_name) {
-  check_device(t, dtype, op, name);
+  check_cuda(t, dtype, op, name);
   QV_CHECK(t.shape() == like.shape(), "{}: {}: expected shape {} (as {}), got {}", op, name,
            shape_str(like.shape()), like_name, shape_str(t.shape()));
 }
 
 void check_vector(const Tensor& t, int64_t size, DType dtype, const char* op, const char* name) {
-  check_device(t, dtype, op, name);
+  check_cuda(t, dtype, op, name);
   QV_CHECK(t.ndim() == 1 && t.dim(0) == size, "{}: {}: expected shape [{}], got {}", op, name,
            size, shape_str(t.shape()));
 }
 
 void check_count(const Tensor& t, int64_t count, DType dtype, const char* op, const char* name) {
-  check_device(t, dtype, op, name);
+  check_cuda(t, dtype, op, name);
   QV_CHECK(t.numel() == count, "{}: {}: expected {} elements, got shape {}", op, name, count,
            shape_str(t.shape()));
 }
 
-const uint16_t* bf16_in(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
-uint16_t* bf16_out(Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-const float* f32_in(const Tensor& t) { return static_cast<const float*>(t.raw()); }
-float* f32_out(Tensor& t) { return static_cast<float*>(t.raw()); }
 
 // x is BF16 [..., D]: rows = product of the leading dims (one block each: < 2^31).
 // The norm backward's split sums use the device's GEMM workspace (context.h): both run in
@@ -64,7 +48,7 @@ struct Rows {
 };
 
 Rows bf16_rows(const Tensor& x, const char* op, const char* name) {
-  check_device(x, DType::BF16, op, name);
+  check_cuda(x, DType::BF16, op, name);
   QV_CHECK(x.ndim() >= 1 && x.dim(-1) > 0, "{}: {} must be [N, D] with D > 0, got {}", op, name,
            shape_str(x.shape()));
   const Rows rows{x.numel() / x.dim(-1), x.dim(-1)};
@@ -92,7 +76,7 @@ void check_elementwise(const char* op,
                        std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
   const Tensor& first = *tensors.begin()->first;
   for (const auto& [t, name] : tensors) {
-    check_device(*t, DType::BF16, op, name);
+    check_cuda(*t, DType::BF16, op, name);
     QV_CHECK(t->shape() == first.shape(), "{}: {}: expected shape {} (as {}), got {}", op, name,
              shape_str(first.shape()), tensors.begin()->second, shape_str(t->shape()));
   }
@@ -103,8 +87,8 @@ void check_embedding(const char* op, const int32_t* tokens, int64_t n, const Ten
                      const char* table_name, const Tensor& rows, const char* rows_name) {
   QV_CHECK(n >= 0, "{}: token count must be non-negative, got {}", op, n);
   QV_CHECK(n == 0 || tokens != nullptr, "{}: tokens is null but n = {}", op, n);
-  check_device(table, DType::F32, op, table_name);
-  check_device(rows, DType::BF16, op, rows_name);
+  check_cuda(table, DType::F32, op, table_name);
+  check_cuda(rows, DType::BF16, op, rows_name);
   QV_CHECK(table.ndim() == 2, "{}: {} must be [V, D], got {}", op, table_name,
            shape_str(table.shape()));
   const int64_t width = table.dim(1);
@@ -116,7 +100,7 @@ void check_embedding(const char* op, const int32_t* tokens, int64_t n, const Ten
 void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, const int32_t* pos_offset,
                    double base, bool inverse, const char* op, const char* in_name,
                    const char* out_name, cudaStream_t stream) {
-  check_device(in, DType::BF16, op, in_name);
+  check_cuda(in, DType::BF16, op, in_name);
   QV_CHECK(in.ndim() == 3 || in.ndim() == 4, "{}: {} must be [T, H, Dh] or [B, T, H, Dh], got {}",
            op, in_name, shape_str(in.shape()));
   const int64_t head_dim = in.dim(-1);
@@ -135,8 +119,8 @@ void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, const int32_t* p
 
 void convert(const Tensor& src, Tensor& dst, cudaStream_t stream) {
   const char* op = "cuda::convert";
-  check_device(src, op, "src");
-  check_device(dst, op, "dst");
+  check_cuda(src, op, "src");
+  check_cuda(dst, op, "dst");
   QV_CHECK(src.shape() == dst.shape(), "{}: dst: expected shape {} (as src), got {}", op,
            shape_str(src.shape()), shape_str(dst.shape()));
   if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16)

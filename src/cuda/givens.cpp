@@ -1,5 +1,6 @@
 // Entry points of the GPU Givens head mixing (givens.h): host-side shape and dtype checks with
 // named errors, then the launchers of relation_launch.h.
+#include "cuda/tensor_args.h"
 #include "cuda/givens.h"
 
 #include <cstdint>
@@ -14,18 +15,9 @@ namespace {
 constexpr const char* kForward = "cuda::givens_forward";
 constexpr const char* kBackward = "cuda::givens_backward";
 
-void check_tensor(const Tensor& t, DType dtype, const char* op, const char* name) {
-  QV_CHECK(t.defined(), "{}: {} is undefined", op, name);
-  QV_CHECK(t.device() == Device::CUDA && t.is_contiguous(),
-           "{}: {} must be a contiguous CUDA tensor (shape {}, device {})", op, name,
-           shape_str(t.shape()), quiver::device_name(t.device()));
-  QV_CHECK(t.dtype() == dtype, "{}: {}: expected dtype {}, got {}", op, name, dtype_name(dtype),
-           dtype_name(t.dtype()));
-}
-
 void check_like(const Tensor& t, const Tensor& like, const char* op, const char* name,
                 const char* like_name) {
-  check_tensor(t, DType::BF16, op, name);
+  check_cuda(t, DType::BF16, op, name);
   QV_CHECK(t.shape() == like.shape(), "{}: {}: expected shape {} (as {}), got {}", op, name,
            shape_str(like.shape()), like_name, shape_str(t.shape()));
 }
@@ -36,12 +28,12 @@ struct Geometry {
 
 // I is BF16 [..., H, Dh]; H is 1 or even (ops::givens_mixes); theta F32 [H/2].
 Geometry check_states(const Tensor& I, const Tensor& theta, int64_t layer, const char* op) {
-  check_tensor(I, DType::BF16, op, "I");
+  check_cuda(I, DType::BF16, op, "I");
   QV_CHECK(I.ndim() >= 2, "{}: I must be [..., H, Dh], got {}", op, shape_str(I.shape()));
   QV_CHECK(layer >= 0, "{}: layer index must be non-negative, got {}", op, layer);
   const Geometry g{0, I.dim(-2), I.dim(-1)};
   ops::givens_mixes(g.heads);
-  check_tensor(theta, DType::F32, op, "theta");
+  check_cuda(theta, DType::F32, op, "theta");
   QV_CHECK(theta.ndim() == 1 && theta.dim(0) == g.heads / 2,
            "{}: theta: expected shape [{}], got {}", op, g.heads / 2, shape_str(theta.shape()));
   const int64_t row_size = g.heads * g.head_dim;
@@ -55,8 +47,6 @@ void copy_unless_same(const Tensor& src, Tensor& dst, cudaStream_t stream) {
         cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, stream));
 }
 
-const uint16_t* bf16_in(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
-uint16_t* bf16_out(Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 
 }  // namespace
 
@@ -74,7 +64,7 @@ void givens_backward(const Tensor& dOut, const Tensor& I, const Tensor& theta, i
   const Geometry g = check_states(I, theta, layer, kBackward);
   check_like(dOut, I, kBackward, "dOut", "I");
   check_like(dI, I, kBackward, "dI", "I");
-  check_tensor(dtheta_accumulate, DType::F32, kBackward, "dtheta_accumulate");
+  check_cuda(dtheta_accumulate, DType::F32, kBackward, "dtheta_accumulate");
   QV_CHECK(dtheta_accumulate.shape() == theta.shape(),
            "{}: dtheta_accumulate: expected shape {} (as theta), got {}", kBackward,
            shape_str(theta.shape()), shape_str(dtheta_accumulate.shape()));

@@ -2,6 +2,7 @@
 // with named errors, the workspace carving, then the launchers (linear_relation_launch.h)
 // instantiated for the head width rounded up to a multiple of 16, and cuda::gemm for the
 // retention gate's products.
+#include "cuda/tensor_args.h"
 #include "cuda/linear_relation.h"
 
 #include <cmath>
@@ -16,28 +17,14 @@
 namespace quiver::cuda {
 namespace {
 
+static_assert(detail::kLinearRelationPadStep == 16, "dispatch_padded_width instantiates multiples of 16");
+
 constexpr const char* kForward = "cuda::linear_relation_forward";
 constexpr const char* kBackward = "cuda::linear_relation_backward";
 constexpr const char* kDecode = "cuda::linear_relation_decode_step";
 constexpr const char* kGateForward = "cuda::retention_gate_forward";
 constexpr const char* kGateBackward = "cuda::retention_gate_backward";
 constexpr int64_t kGridLimit = 65535;  // gridDim.y and gridDim.z
-
-void check_cuda_contiguous(const Tensor& t, const char* op, const char* name) {
-  QV_CHECK(t.defined(), "{}: {} is undefined", op, name);
-  QV_CHECK(t.device() == Device::CUDA && t.is_contiguous(),
-           "{}: {} must be a contiguous CUDA tensor (shape {}, device {})", op, name,
-           shape_str(t.shape()), quiver::device_name(t.device()));
-}
-
-void check_tensor(const Tensor& t, DType dtype, const Shape& shape, const char* op,
-                  const char* name) {
-  check_cuda_contiguous(t, op, name);
-  QV_CHECK(t.dtype() == dtype, "{}: {}: expected dtype {}, got {}", op, name, dtype_name(dtype),
-           dtype_name(t.dtype()));
-  QV_CHECK(t.shape() == shape, "{}: {}: expected shape {}, got {}", op, name, shape_str(shape),
-           shape_str(t.shape()));
-}
 
 void check_tau(float tau_s, const char* op) {
   QV_CHECK(std::isfinite(tau_s) && tau_s > 0, "{}: tau_s must be finite and positive, got {}", op,
@@ -60,7 +47,7 @@ void check_head_width(int64_t Dh, const char* op) {
 // p1, p2, v BF16 and g F32 of one [B, T, H, Dh] (or [T, H, Dh]) shape.
 detail::LinearRelationDims check_sequence(const Tensor& p1, const Tensor& p2, const Tensor& v,
                                           const Tensor& g, float tau_s, const char* op) {
-  check_cuda_contiguous(p1, op, "p1");
+  check_cuda(p1, op, "p1");
   const ops::HeadShape hs = ops::head_shape(p1.shape(), "p1");
   check_head_width(hs.Dh, op);
   QV_CHECK(hs.H <= kGridLimit && hs.B <= kGridLimit && hs.B * hs.H <= kGridLimit,
@@ -68,10 +55,10 @@ detail::LinearRelationDims check_sequence(const Tensor& p1, const Tensor& p2, co
            kGridLimit);
   QV_CHECK(chunks_of(hs.T) <= std::numeric_limits<int32_t>::max(), "{}: T = {} is too long", op,
            hs.T);
-  check_tensor(p1, DType::BF16, p1.shape(), op, "p1");
-  check_tensor(p2, DType::BF16, p1.shape(), op, "p2");
-  check_tensor(v, DType::BF16, p1.shape(), op, "v");
-  check_tensor(g, DType::F32, p1.shape(), op, "g");
+  check_cuda(p1, DType::BF16, p1.shape(), op, "p1");
+  check_cuda(p2, DType::BF16, p1.shape(), op, "p2");
+  check_cuda(v, DType::BF16, p1.shape(), op, "v");
+  check_cuda(g, DType::F32, p1.shape(), op, "g");
   check_tau(tau_s, op);
   return {hs.B, hs.T, hs.H, hs.Dh, chunks_of(hs.T)};
 }
@@ -79,7 +66,7 @@ detail::LinearRelationDims check_sequence(const Tensor& p1, const Tensor& p2, co
 detail::LinearRelationWorkspace carve_workspace(Tensor& workspace,
                                                 const detail::LinearRelationDims& d,
                                                 const char* op) {
-  check_cuda_contiguous(workspace, op, "workspace");
+  check_cuda(workspace, op, "workspace");
   const int64_t need = linear_relation_workspace_bytes(d.B, d.T, d.H, d.Dh);
   QV_CHECK(static_cast<int64_t>(workspace.nbytes()) >= need,
            "{}: workspace: {} bytes, need {} (linear_relation_workspace_bytes)", op,
@@ -91,25 +78,6 @@ detail::LinearRelationWorkspace carve_workspace(Tensor& workspace,
   return {base, base + state_floats, base + 2 * state_floats};
 }
 
-const uint16_t* bf16_in(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
-uint16_t* bf16_out(Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-
-// The instantiation for Dh rounded up to a multiple of kLinearRelationPadStep.
-template <class Launch>
-void dispatch_head_width(int64_t Dh, const detail::LinearRelationArgs& args, cudaStream_t stream,
-                         Launch launch) {
-  switch ((Dh + detail::kLinearRelationPadStep - 1) / detail::kLinearRelationPadStep) {
-    case 1: return launch.template operator()<16>(args, stream);
-    case 2: return launch.template operator()<32>(args, stream);
-    case 3: return launch.template operator()<48>(args, stream);
-    case 4: return launch.template operator()<64>(args, stream);
-    case 5: return launch.template operator()<80>(args, stream);
-    case 6: return launch.template operator()<96>(args, stream);
-    case 7: return launch.template operator()<112>(args, stream);
-    case 8: return launch.template operator()<128>(args, stream);
-    default: fail("cuda::linear_relation: unsupported head width {}", Dh);
-  }
-}
 
 struct GateDims {
   int64_t N, D, Dh, H;
@@ -117,9 +85,9 @@ struct GateDims {
 
 GateDims check_gate(const Tensor& x, const Tensor& w_down, const Tensor& w_up,
                     const Tensor& a_log, const Tensor& dt_bias, const char* op) {
-  check_cuda_contiguous(x, op, "x");
-  check_cuda_contiguous(w_down, op, "w_down");
-  check_cuda_contiguous(a_log, op, "a_log");
+  check_cuda(x, op, "x");
+  check_cuda(w_down, op, "w_down");
+  check_cuda(a_log, op, "a_log");
   QV_CHECK(x.ndim() == 2, "{}: x: expected shape [N, D], got {}", op, shape_str(x.shape()));
   QV_CHECK(w_down.ndim() == 2, "{}: w_down: expected shape [D, Dh], got {}", op,
            shape_str(w_down.shape()));
@@ -130,11 +98,11 @@ GateDims check_gate(const Tensor& x, const Tensor& w_down, const Tensor& w_up,
            "{}: x {}, w_down {}, a_log {}: D, Dh and H must be at least 1", op,
            shape_str(x.shape()), shape_str(w_down.shape()), shape_str(a_log.shape()));
   QV_CHECK(gd.H <= std::numeric_limits<int32_t>::max(), "{}: {} heads are too many", op, gd.H);
-  check_tensor(x, DType::BF16, {gd.N, gd.D}, op, "x");
-  check_tensor(w_down, DType::BF16, {gd.D, gd.Dh}, op, "w_down");
-  check_tensor(w_up, DType::BF16, {gd.Dh, gd.H * gd.Dh}, op, "w_up");
-  check_tensor(a_log, DType::F32, {gd.H}, op, "a_log");
-  check_tensor(dt_bias, DType::F32, {gd.H * gd.Dh}, op, "dt_bias");
+  check_cuda(x, DType::BF16, {gd.N, gd.D}, op, "x");
+  check_cuda(w_down, DType::BF16, {gd.D, gd.Dh}, op, "w_down");
+  check_cuda(w_up, DType::BF16, {gd.Dh, gd.H * gd.Dh}, op, "w_up");
+  check_cuda(a_log, DType::F32, {gd.H}, op, "a_log");
+  check_cuda(dt_bias, DType::F32, {gd.H * gd.Dh}, op, "dt_bias");
   return gd;
 }
 
@@ -151,9 +119,9 @@ void linear_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v
                              Tensor& y, float tau_s, Tensor& workspace, Tensor* final_state,
                              cudaStream_t stream) {
   const detail::LinearRelationDims d = check_sequence(p1, p2, v, g, tau_s, kForward);
-  check_tensor(y, DType::BF16, p1.shape(), kForward, "y");
+  check_cuda(y, DType::BF16, p1.shape(), kForward, "y");
   if (final_state)
-    check_tensor(*final_state, DType::F32, {d.B, d.H, d.Dh, d.Dh}, kForward, "final_state");
+    check_cuda(*final_state, DType::F32, {d.B, d.H, d.Dh, d.Dh}, kForward, "final_state");
   detail::LinearRelationArgs args{};
   args.dims = d;
   args.gate_scale = gate_scale(tau_s, d.Dh);
@@ -164,21 +132,21 @@ void linear_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v
   args.y = bf16_out(y);
   args.final_state = final_state ? static_cast<float*>(final_state->raw()) : nullptr;
   args.ws = carve_workspace(workspace, d, kForward);
-  dispatch_head_width(d.Dh, args, stream,
+  dispatch_padded_width(d.Dh, args, stream,
                       []<int P>(const detail::LinearRelationArgs& a, cudaStream_t s) {
                         detail::launch_linear_relation_forward<P>(a, s);
-                      });
+                      }, "cuda::linear_relation");
 }
 
 void linear_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v, const Tensor& g,
                               const Tensor& dy, Tensor& dp1, Tensor& dp2, Tensor& dv, Tensor& dg,
                               float tau_s, Tensor& workspace, cudaStream_t stream) {
   const detail::LinearRelationDims d = check_sequence(p1, p2, v, g, tau_s, kBackward);
-  check_tensor(dy, DType::BF16, p1.shape(), kBackward, "dy");
-  check_tensor(dp1, DType::BF16, p1.shape(), kBackward, "dp1");
-  check_tensor(dp2, DType::BF16, p1.shape(), kBackward, "dp2");
-  check_tensor(dv, DType::BF16, p1.shape(), kBackward, "dv");
-  check_tensor(dg, DType::F32, p1.shape(), kBackward, "dg");
+  check_cuda(dy, DType::BF16, p1.shape(), kBackward, "dy");
+  check_cuda(dp1, DType::BF16, p1.shape(), kBackward, "dp1");
+  check_cuda(dp2, DType::BF16, p1.shape(), kBackward, "dp2");
+  check_cuda(dv, DType::BF16, p1.shape(), kBackward, "dv");
+  check_cuda(dg, DType::F32, p1.shape(), kBackward, "dg");
   detail::LinearRelationArgs args{};
   args.dims = d;
   args.gate_scale = gate_scale(tau_s, d.Dh);
@@ -192,16 +160,16 @@ void linear_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& 
   args.dv = bf16_out(dv);
   args.dg = static_cast<float*>(dg.raw());
   args.ws = carve_workspace(workspace, d, kBackward);
-  dispatch_head_width(d.Dh, args, stream,
+  dispatch_padded_width(d.Dh, args, stream,
                       []<int P>(const detail::LinearRelationArgs& a, cudaStream_t s) {
                         detail::launch_linear_relation_backward<P>(a, s);
-                      });
+                      }, "cuda::linear_relation");
 }
 
 void linear_relation_decode_step(const Tensor& p1_row, const Tensor& p2_row, const Tensor& v_row,
                                  const Tensor& g_row, Tensor& state, Tensor& y_row, float tau_s,
                                  cudaStream_t stream) {
-  check_cuda_contiguous(p1_row, kDecode, "p1_row");
+  check_cuda(p1_row, kDecode, "p1_row");
   QV_CHECK(p1_row.ndim() == 3 && p1_row.numel() > 0,
            "{}: p1_row: expected shape [B, H, Dh] with positive sizes, got {}", kDecode,
            shape_str(p1_row.shape()));
@@ -209,12 +177,12 @@ void linear_relation_decode_step(const Tensor& p1_row, const Tensor& p2_row, con
   check_head_width(Dh, kDecode);
   QV_CHECK(B * H <= std::numeric_limits<int32_t>::max(), "{}: {} heads in all are too many",
            kDecode, B * H);
-  check_tensor(p1_row, DType::BF16, p1_row.shape(), kDecode, "p1_row");
-  check_tensor(p2_row, DType::BF16, p1_row.shape(), kDecode, "p2_row");
-  check_tensor(v_row, DType::BF16, p1_row.shape(), kDecode, "v_row");
-  check_tensor(g_row, DType::F32, p1_row.shape(), kDecode, "g_row");
-  check_tensor(y_row, DType::BF16, p1_row.shape(), kDecode, "y_row");
-  check_tensor(state, DType::F32, {B, H, Dh, Dh}, kDecode, "state");
+  check_cuda(p1_row, DType::BF16, p1_row.shape(), kDecode, "p1_row");
+  check_cuda(p2_row, DType::BF16, p1_row.shape(), kDecode, "p2_row");
+  check_cuda(v_row, DType::BF16, p1_row.shape(), kDecode, "v_row");
+  check_cuda(g_row, DType::F32, p1_row.shape(), kDecode, "g_row");
+  check_cuda(y_row, DType::BF16, p1_row.shape(), kDecode, "y_row");
+  check_cuda(state, DType::F32, {B, H, Dh, Dh}, kDecode, "state");
   check_tau(tau_s, kDecode);
   detail::launch_linear_relation_decode_step(
       bf16_in(p1_row), bf16_in(p2_row), bf16_in(v_row), static_cast<const float*>(g_row.raw()),
@@ -227,8 +195,8 @@ void retention_gate_forward(const Tensor& x, const Tensor& w_down, const Tensor&
                             cudaStream_t stream) {
   const GateDims gd = check_gate(x, w_down, w_up, a_log, dt_bias, kGateForward);
   const int64_t HD = gd.H * gd.Dh;
-  check_tensor(r_down, DType::BF16, {gd.N, gd.Dh}, kGateForward, "r_down");
-  check_tensor(g, DType::F32, {gd.N, HD}, kGateForward, "g");
+  check_cuda(r_down, DType::BF16, {gd.N, gd.Dh}, kGateForward, "r_down");
+  check_cuda(g, DType::F32, {gd.N, HD}, kGateForward, "g");
   if (gd.N == 0) return;
   gemm(false, false, gd.N, gd.Dh, gd.D, 1.0f, x.raw(), DType::BF16, gd.D, w_down.raw(),
        DType::BF16, gd.Dh, 0.0f, r_down.raw(), DType::BF16, gd.Dh, stream);
@@ -249,15 +217,15 @@ void retention_gate_backward(const Tensor& x, const Tensor& w_down, const Tensor
   const char* op = kGateBackward;
   const GateDims gd = check_gate(x, w_down, w_up, a_log, dt_bias, op);
   const int64_t HD = gd.H * gd.Dh;
-  check_tensor(r_down, DType::BF16, {gd.N, gd.Dh}, op, "r_down");
-  check_tensor(dg, DType::F32, {gd.N, HD}, op, "dg");
-  check_tensor(dx_accumulate, DType::BF16, {gd.N, gd.D}, op, "dx_accumulate");
-  check_tensor(dw_down_accumulate, DType::F32, {gd.D, gd.Dh}, op, "dw_down_accumulate");
-  check_tensor(dw_up_accumulate, DType::F32, {gd.Dh, HD}, op, "dw_up_accumulate");
-  check_tensor(da_log_accumulate, DType::F32, {gd.H}, op, "da_log_accumulate");
-  check_tensor(ddt_bias_accumulate, DType::F32, {HD}, op, "ddt_bias_accumulate");
-  check_tensor(scratch_dr, DType::BF16, {gd.N, HD}, op, "scratch_dr");
-  check_tensor(scratch_dr_down, DType::BF16, {gd.N, gd.Dh}, op, "scratch_dr_down");
+  check_cuda(r_down, DType::BF16, {gd.N, gd.Dh}, op, "r_down");
+  check_cuda(dg, DType::F32, {gd.N, HD}, op, "dg");
+  check_cuda(dx_accumulate, DType::BF16, {gd.N, gd.D}, op, "dx_accumulate");
+  check_cuda(dw_down_accumulate, DType::F32, {gd.D, gd.Dh}, op, "dw_down_accumulate");
+  check_cuda(dw_up_accumulate, DType::F32, {gd.Dh, HD}, op, "dw_up_accumulate");
+  check_cuda(da_log_accumulate, DType::F32, {gd.H}, op, "da_log_accumulate");
+  check_cuda(ddt_bias_accumulate, DType::F32, {HD}, op, "ddt_bias_accumulate");
+  check_cuda(scratch_dr, DType::BF16, {gd.N, HD}, op, "scratch_dr");
+  check_cuda(scratch_dr_down, DType::BF16, {gd.N, gd.Dh}, op, "scratch_dr_down");
   if (gd.N == 0) return;
   // r = r_down W_up, then dz in place.
   gemm(false, false, gd.N, HD, gd.Dh, 1.0f, r_down.raw(), DType::BF16, gd.Dh, w_up.raw(),

@@ -1,6 +1,7 @@
 // Entry points of the GPU FlashRelation (relation.h): host-side shape and dtype checks with
 // named errors, then the launcher instantiated for the head width rounded up to a multiple of
 // 16 (relation_launch.h).
+#include "cuda/tensor_args.h"
 #include "cuda/relation.h"
 
 #include <cmath>
@@ -14,25 +15,11 @@
 namespace quiver::cuda {
 namespace {
 
+static_assert(detail::kRelationPadStep == 16, "dispatch_padded_width instantiates multiples of 16");
+
 constexpr const char* kForward = "cuda::flash_relation_forward";
 constexpr const char* kBackward = "cuda::flash_relation_backward";
 constexpr const char* kDecode = "cuda::relation_decode_step";
-
-void check_device(const Tensor& t, const char* op, const char* name) {
-  QV_CHECK(t.defined(), "{}: {} is undefined", op, name);
-  QV_CHECK(t.device() == Device::CUDA && t.is_contiguous(),
-           "{}: {} must be a contiguous CUDA tensor (shape {}, device {})", op, name,
-           shape_str(t.shape()), quiver::device_name(t.device()));
-}
-
-void check_tensor(const Tensor& t, DType dtype, const Shape& shape, const char* op,
-                  const char* name) {
-  check_device(t, op, name);
-  QV_CHECK(t.dtype() == dtype, "{}: {}: expected dtype {}, got {}", op, name, dtype_name(dtype),
-           dtype_name(t.dtype()));
-  QV_CHECK(t.shape() == shape, "{}: {}: expected shape {}, got {}", op, name, shape_str(shape),
-           shape_str(t.shape()));
-}
 
 detail::RelationRule rule_of(const RelationKernelOptions& o, int64_t Dh, const char* op) {
   QV_CHECK(o.tau_s > 0 && std::isfinite(o.tau_s), "{}: tau_s must be positive and finite, got {}",
@@ -53,49 +40,22 @@ struct Problem {
 
 Problem check_inputs(const Tensor& p1, const Tensor& p2, const Tensor& v, const float* lambda,
                      const char* op) {
-  check_device(p1, op, "p1");
+  check_cuda(p1, op, "p1");
   const ops::HeadShape hs = ops::head_shape(p1.shape(), "p1");
   check_head_width(hs.Dh, op);
   const int64_t grid_limit = 65535;  // gridDim.y (heads) and gridDim.z (batch)
   QV_CHECK(hs.H <= grid_limit && hs.B <= grid_limit, "{}: {} heads and batch {} exceed {}", op,
            hs.H, hs.B, grid_limit);
   QV_CHECK(hs.T <= std::numeric_limits<int32_t>::max(), "{}: T = {} is too long", op, hs.T);
-  check_tensor(p1, DType::BF16, p1.shape(), op, "p1");
-  check_tensor(p2, DType::BF16, p1.shape(), op, "p2");
-  check_tensor(v, DType::BF16, p1.shape(), op, "v");
+  check_cuda(p1, DType::BF16, p1.shape(), op, "p1");
+  check_cuda(p2, DType::BF16, p1.shape(), op, "p2");
+  check_cuda(v, DType::BF16, p1.shape(), op, "v");
   QV_CHECK(lambda != nullptr, "{}: lambda is null", op);
   Problem pr{{hs.B, hs.T, hs.H, hs.Dh}, {}};
   pr.stats_shape = p1.ndim() == 4 ? Shape{hs.B, hs.H, hs.T, 3} : Shape{hs.H, hs.T, 3};
   return pr;
 }
 
-const uint16_t* bf16_in(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
-uint16_t* bf16_out(Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
-
-// The instantiation for Dh rounded up to a multiple of kRelationPadStep.
-template <class Args, class Launch>
-void dispatch_head_width(int64_t Dh, const Args& args, cudaStream_t stream, Launch launch) {
-  switch ((Dh + detail::kRelationPadStep - 1) / detail::kRelationPadStep) {
-    case 1:
-      return launch.template operator()<16>(args, stream);
-    case 2:
-      return launch.template operator()<32>(args, stream);
-    case 3:
-      return launch.template operator()<48>(args, stream);
-    case 4:
-      return launch.template operator()<64>(args, stream);
-    case 5:
-      return launch.template operator()<80>(args, stream);
-    case 6:
-      return launch.template operator()<96>(args, stream);
-    case 7:
-      return launch.template operator()<112>(args, stream);
-    case 8:
-      return launch.template operator()<128>(args, stream);
-    default:
-      fail("cuda::relation: unsupported head width {}", Dh);
-  }
-}
 
 }  // namespace
 
@@ -103,16 +63,16 @@ void flash_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v,
                             const float* lambda, Tensor& y, Tensor& stats,
                             const RelationKernelOptions& options, cudaStream_t stream) {
   const Problem pr = check_inputs(p1, p2, v, lambda, kForward);
-  check_tensor(y, DType::BF16, p1.shape(), kForward, "y");
-  check_tensor(stats, DType::F32, pr.stats_shape, kForward, "stats");
+  check_cuda(y, DType::BF16, p1.shape(), kForward, "y");
+  check_cuda(stats, DType::F32, pr.stats_shape, kForward, "stats");
   const detail::RelationForwardArgs args{pr.dims,     rule_of(options, pr.dims.Dh, kForward),
                                          bf16_in(p1), bf16_in(p2),
                                          bf16_in(v),  lambda,
                                          bf16_out(y), static_cast<float*>(stats.raw())};
-  dispatch_head_width(pr.dims.Dh, args, stream,
+  dispatch_padded_width(pr.dims.Dh, args, stream,
                       []<int P>(const detail::RelationForwardArgs& a, cudaStream_t s) {
                         detail::launch_relation_forward<P>(a, s);
-                      });
+                      }, "cuda::flash_relation");
 }
 
 int64_t flash_relation_backward_workspace_bytes(int64_t B, int64_t T, int64_t H) {
@@ -129,13 +89,13 @@ void flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v
                              float* dlambda_accumulate, const RelationKernelOptions& options,
                              Tensor& workspace, cudaStream_t stream) {
   const Problem pr = check_inputs(p1, p2, v, lambda, kBackward);
-  check_tensor(y, DType::BF16, p1.shape(), kBackward, "y");
-  check_tensor(stats, DType::F32, pr.stats_shape, kBackward, "stats");
-  check_tensor(dy, DType::BF16, p1.shape(), kBackward, "dy");
-  check_tensor(dp1, DType::BF16, p1.shape(), kBackward, "dp1");
-  check_tensor(dp2, DType::BF16, p1.shape(), kBackward, "dp2");
-  check_tensor(dv, DType::BF16, p1.shape(), kBackward, "dv");
-  check_device(workspace, kBackward, "workspace");
+  check_cuda(y, DType::BF16, p1.shape(), kBackward, "y");
+  check_cuda(stats, DType::F32, pr.stats_shape, kBackward, "stats");
+  check_cuda(dy, DType::BF16, p1.shape(), kBackward, "dy");
+  check_cuda(dp1, DType::BF16, p1.shape(), kBackward, "dp1");
+  check_cuda(dp2, DType::BF16, p1.shape(), kBackward, "dp2");
+  check_cuda(dv, DType::BF16, p1.shape(), kBackward, "dv");
+  check_cuda(workspace, kBackward, "workspace");
   const detail::RelationDims& d = pr.dims;
   const int64_t need = detail::relation_backward_workspace_bytes(d.B, d.T, d.H);
   QV_CHECK(static_cast<int64_t>(workspace.nbytes()) >= need,
@@ -157,17 +117,17 @@ void flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v
                                           bf16_out(dv),
                                           dlambda_accumulate,
                                           workspace.raw()};
-  dispatch_head_width(d.Dh, args, stream,
+  dispatch_padded_width(d.Dh, args, stream,
                       []<int P>(const detail::RelationBackwardArgs& a, cudaStream_t s) {
                         detail::launch_relation_backward<P>(a, s);
-                      });
+                      }, "cuda::flash_relation");
 }
 
 void relation_decode_step(const Tensor& p1_row, const Tensor& p2_row, const Tensor& v_row,
                           const float* lambda, Tensor& cache_p2, Tensor& cache_v,
                           const int32_t* d_pos, Tensor& y_row, const RelationKernelOptions& options,
                           cudaStream_t stream) {
-  check_device(cache_p2, kDecode, "cache_p2");
+  check_cuda(cache_p2, kDecode, "cache_p2");
   QV_CHECK(cache_p2.ndim() == 4 && cache_p2.numel() > 0,
            "{}: cache_p2 must be [B, capacity, H, Dh] with positive sizes, got {}", kDecode,
            shape_str(cache_p2.shape()));
@@ -175,13 +135,13 @@ void relation_decode_step(const Tensor& p1_row, const Tensor& p2_row, const Tens
                 Dh = cache_p2.dim(3);
   check_head_width(Dh, kDecode);
   QV_CHECK(H <= 65535 && B <= 65535, "{}: {} heads and batch {} exceed 65535", kDecode, H, B);
-  check_tensor(cache_p2, DType::BF16, cache_p2.shape(), kDecode, "cache_p2");
-  check_tensor(cache_v, DType::BF16, cache_p2.shape(), kDecode, "cache_v");
+  check_cuda(cache_p2, DType::BF16, cache_p2.shape(), kDecode, "cache_p2");
+  check_cuda(cache_v, DType::BF16, cache_p2.shape(), kDecode, "cache_v");
   const Shape row_shape{B, H, Dh};
-  check_tensor(p1_row, DType::BF16, row_shape, kDecode, "p1_row");
-  check_tensor(p2_row, DType::BF16, row_shape, kDecode, "p2_row");
-  check_tensor(v_row, DType::BF16, row_shape, kDecode, "v_row");
-  check_tensor(y_row, DType::BF16, row_shape, kDecode, "y_row");
+  check_cuda(p1_row, DType::BF16, row_shape, kDecode, "p1_row");
+  check_cuda(p2_row, DType::BF16, row_shape, kDecode, "p2_row");
+  check_cuda(v_row, DType::BF16, row_shape, kDecode, "v_row");
+  check_cuda(y_row, DType::BF16, row_shape, kDecode, "y_row");
   QV_CHECK(lambda != nullptr, "{}: lambda is null", kDecode);
   QV_CHECK(d_pos != nullptr, "{}: d_pos is null", kDecode);
   const detail::RelationDecodeArgs args{B,
