@@ -36,20 +36,10 @@ std::vector<infer::TokenCompletion> generate_tokens(
     const std::vector<infer::Sampler>& samplers, const std::vector<int32_t>& stop_ids,
     const std::function<bool(size_t, const std::vector<int32_t>&)>& stop_check, infer::DecodeTiming* timing,
     const GpuGenerateOptions& options) {
-  const int64_t B = static_cast<int64_t>(prompts.size());
-  QV_CHECK(B >= 1, "generate: no prompts");
-  QV_CHECK(static_cast<int64_t>(samplers.size()) == B, "generate: {} samplers for {} prompts", samplers.size(), B);
-  const int64_t L = static_cast<int64_t>(prompts[0].size());
-  QV_CHECK(L >= 1, "generate: a prompt needs at least one token");
-  for (const auto& p : prompts)
-    QV_CHECK(static_cast<int64_t>(p.size()) == L, "generate: prompts of one batch must have equal lengths ({} vs {})",
-             p.size(), L);
-  QV_CHECK(max_new_tokens >= 1, "generate: max_new_tokens must be ≥ 1, got {}", max_new_tokens);
+  const std::vector<int32_t> flat =
+      infer::flatten_batch(prompts, samplers.size(), max_new_tokens, model.config().context);
+  const int64_t B = static_cast<int64_t>(prompts.size()), L = static_cast<int64_t>(prompts[0].size());
   QV_CHECK(options.read_every >= 1, "generate: read_every must be ≥ 1, got {}", options.read_every);
-  const int64_t context = model.config().context;
-  QV_CHECK(L + max_new_tokens <= context,
-           "a prompt of {} tokens plus {} new tokens needs {} positions, more than the model's context of {}", L,
-           max_new_tokens, L + max_new_tokens, context);
   const infer::SamplerOptions& sampling = samplers[0].options();
   for (const infer::Sampler& s : samplers)
     QV_CHECK(same_distribution(s.options(), sampling),
@@ -58,9 +48,6 @@ std::vector<infer::TokenCompletion> generate_tokens(
   infer::DecodeTiming& time = timing ? *timing : local;
   const cudaStream_t stream = model.stream();
 
-  std::vector<int32_t> flat;
-  flat.reserve(static_cast<size_t>(B * L));
-  for (const auto& p : prompts) flat.insert(flat.end(), p.begin(), p.end());
   auto state = model.new_decode_state(B, L + max_new_tokens - 1);
 
   // Device buffers: per-row seeds and the history of new tokens [B, max_new].

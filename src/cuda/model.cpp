@@ -180,16 +180,11 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
   norm_f_w_ = get("norm_f.weight");
   norm_f_b_ = get("norm_f.bias");
 
-  if (cfg_.ffn.law != "dense") {
-    algebra::Law law = algebra::Law::parse(cfg_.ffn.law);
-    const int q = law.q();
-    std::vector<int64_t> dg = cfg_.ffn.d_groups, fg = cfg_.ffn.f_groups;
-    if (dg.empty()) dg.assign(q, cfg_.d_model / q);
-    if (fg.empty()) fg.assign(q, cfg_.ffn.width / q);
-    ffn_q_ = q;
-    ffn_schedule_ = algebra::Schedule::parse(cfg_.ffn.schedule);
-    ffn_up_proj_ = std::make_unique<AlgProj>(law, algebra::GroupWidths{dg, fg});
-    ffn_down_proj_ = std::make_unique<AlgProj>(law, algebra::GroupWidths{fg, dg});
+  if (std::optional<model::FfnLaw> alg = model::ffn_law(cfg_)) {
+    ffn_q_ = alg->law.q();
+    ffn_schedule_ = alg->schedule;
+    ffn_up_proj_ = std::make_unique<AlgProj>(alg->law, alg->up);
+    ffn_down_proj_ = std::make_unique<AlgProj>(alg->law, alg->down);
   }
 }
 
@@ -396,6 +391,27 @@ void ffn_project(const Tensor& x, const DeviceParam& w, const DeviceParam& b, co
 
 }  // namespace
 
+// out += ffn(h): the gate and up projections into f_gate, f_up, the activation into f_act, then
+// the down projection added to out (`scratch` [rows, D] holds an algebraic product first).
+void GpuModel::ffn_forward(const Layer& L, const std::vector<int>& types, const Tensor& h, Tensor& f_gate,
+                           Tensor& f_up, Tensor& f_act, Tensor& out, Tensor& scratch) {
+  const cudaStream_t s = stream_;
+  const AlgProj* up = ffn_up_proj_.get();
+  timer_.mark("ffn projections", s);
+  if (cfg_.ffn.kind == "swiglu") {
+    ffn_project(h, L.ffn_gate, L.ffn_gate_b, up, types, f_gate, false, scratch, s);
+    ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, scratch, s);
+    timer_.mark("activation", s);
+    swiglu_forward(f_gate, f_up, f_act, s);
+  } else {
+    ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, scratch, s);
+    timer_.mark("activation", s);
+    gelu_forward(f_up, f_act, s);
+  }
+  timer_.mark("ffn projections", s);
+  ffn_project(f_act, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, out, true, scratch, s);
+}
+
 void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
   const int64_t B = A.B, T = A.T, N = B * T, D = cfg_.d_model, H = cfg_.n_heads, Dh = cfg_.head_dim();
   const int64_t Hkv = cfg_.kv_heads();
@@ -478,24 +494,11 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
 
     mark("norm");
     norm_forward(cfg_, a.x_mid, L.norm2_w, L.norm2_b, a.h2, a.mean2, a.rstd2, s);
-    mark("ffn projections");
-    Tensor& next = l + 1 < cfg_.n_layers ? A.slot(l + 1).x_in : A.x_final;
-    const std::vector<int>& types = A.row_types;
-    if (cfg_.ffn.kind == "swiglu") {
-      ffn_project(a.h2, L.ffn_gate, L.ffn_gate_b, ffn_up_proj_.get(), types, a.f_gate, false, a.f_act, s);
-      ffn_project(a.h2, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, a.f_up, false, a.f_act, s);
-      mark("activation");
-      swiglu_forward(a.f_gate, a.f_up, a.f_act, s);
-    } else {
-      ffn_project(a.h2, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, a.f_up, false, a.f_act, s);
-      mark("activation");
-      gelu_forward(a.f_up, a.f_act, s);
-    }
     // next = x_mid + ffn (next is this layer's x_in in the shared inference slot, free by now).
+    Tensor& next = l + 1 < cfg_.n_layers ? A.slot(l + 1).x_in : A.x_final;
     mark("residual copies");
     copy_async(next, a.x_mid, s);
-    mark("ffn projections");
-    ffn_project(a.f_act, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, next, true, A.ffn_out, s);
+    ffn_forward(L, A.row_types, a.h2, a.f_gate, a.f_up, a.f_act, next, A.ffn_out);
   }
 
   mark("norm");
@@ -510,19 +513,23 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
   timer_.stop(s);
 }
 
-// logits = h · tok_embᵀ (tied) or h · W_head; then the loss (and dlogits when with_grad).
-void GpuModel::head_and_loss(Acts& A, const Tensor& h, bool with_grad, float grad_scale) {
-  const int64_t rows = h.dim(0), D = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(V);
-  Tensor logits = prefix(A.logits, rows, Vp).slice(1, 0, V);
-  timer_.mark("head", stream_);
+// logits [rows, V] (row stride ldc) = h [rows, D] · tok_embᵀ (tied) or h · W_head.
+void GpuModel::project_head(const Tensor& h, void* logits, int64_t ldc) const {
+  const int64_t rows = h.dim(0), D = cfg_.d_model, V = cfg_.vocab_size;
   if (cfg_.tied_head)
-    gemm(false, true, rows, V, D, 1.0f, h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, logits.raw(),
-         kBF16, Vp, stream_);
+    gemm(false, true, rows, V, D, 1.0f, h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, logits, kBF16, ldc,
+         stream_);
   else
-    gemm(false, false, rows, V, D, 1.0f, h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, logits.raw(),
-         kBF16, Vp, stream_);
-  timer_.stop(stream_);
-  if (rows != A.B * A.T) return;  // prefill: logits only
+    gemm(false, false, rows, V, D, 1.0f, h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, logits, kBF16, ldc,
+         stream_);
+}
+
+// The logits of the block's final hidden rows, then the loss (and dlogits when with_grad).
+void GpuModel::head_and_loss(Acts& A, bool with_grad, float grad_scale) {
+  const int64_t V = cfg_.vocab_size;
+  Tensor logits = A.logits.slice(1, 0, V);
+  timer_.mark("head", stream_);
+  project_head(A.hf, A.logits.raw(), padded_vocab(V));
   timer_.mark("cross-entropy", stream_);
   Tensor dlogits = with_grad ? A.dlogits.slice(1, 0, V) : Tensor();
   cross_entropy(logits, ints(A.targets), grad_scale, A.row_loss, A.loss, with_grad ? &dlogits : nullptr, stream_);
@@ -536,7 +543,7 @@ double GpuModel::forward_loss(const int32_t* tokens, const int32_t* targets, int
   Acts& A = *infer_acts_;
   upload_tokens(tokens, targets, B * T, A);
   forward(A, Mode::Loss, nullptr);
-  head_and_loss(A, A.hf, false, 1.0f);
+  head_and_loss(A, false, 1.0f);
   QV_CUDA_CHECK(cudaMemcpyAsync(staging_->loss_host, A.loss.raw(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
   QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *staging_->loss_host;
@@ -549,13 +556,8 @@ Tensor GpuModel::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
   Acts& A = *infer_acts_;
   upload_tokens(tokens, nullptr, B * T, A);
   forward(A, Mode::Logits, nullptr);
-  const int64_t V = cfg_.vocab_size, D = cfg_.d_model, Vp = padded_vocab(V);
-  if (cfg_.tied_head)
-    gemm(false, true, B * T, V, D, 1.0f, A.hf.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f,
-         A.logits.raw(), kBF16, Vp, stream_);
-  else
-    gemm(false, false, B * T, V, D, 1.0f, A.hf.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f,
-         A.logits.raw(), kBF16, Vp, stream_);
+  const int64_t V = cfg_.vocab_size, Vp = padded_vocab(V);
+  project_head(A.hf, A.logits.raw(), Vp);
   Tensor host = Tensor::empty({B * T, V}, kBF16);
   QV_CUDA_CHECK(cudaMemcpy2DAsync(host.raw(), V * 2, A.logits.raw(), Vp * 2, V * 2, static_cast<size_t>(B * T),
                                   cudaMemcpyDeviceToHost, stream_));
@@ -715,7 +717,7 @@ void GpuModel::forward_backward(const int32_t* tokens, const int32_t* targets, i
   Acts& A = *train_acts_;
   upload_tokens(tokens, targets, B * T, A);
   forward(A, Mode::Train, nullptr);
-  head_and_loss(A, A.hf, true, grad_scale);
+  head_and_loss(A, true, grad_scale);
   detail::launch_add_f32(f32(loss_sum_), f32(A.loss), 1, stream_);
   backward(A);
 }
@@ -794,13 +796,7 @@ void GpuModel::prefill(GpuDecodeState& st, const int32_t* tokens, int64_t B, int
   Acts& A = *infer_acts_;
   upload_tokens(tokens, nullptr, B * T, A);
   forward(A, Mode::Prefill, &st);
-  const int64_t D = cfg_.d_model, V = cfg_.vocab_size;
-  if (cfg_.tied_head)
-    gemm(false, true, B, V, D, 1.0f, A.last_h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f,
-         st.logits_.raw(), kBF16, V, stream_);
-  else
-    gemm(false, false, B, V, D, 1.0f, A.last_h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f,
-         st.logits_.raw(), kBF16, V, stream_);
+  project_head(A.last_h, st.logits_.raw(), cfg_.vocab_size);
   st.pinned_[B] = static_cast<int32_t>(T);
   QV_CUDA_CHECK(cudaMemcpyAsync(st.device_position(), st.pinned_ + B, sizeof(int32_t), cudaMemcpyHostToDevice,
                                 stream_));
@@ -881,30 +877,12 @@ void GpuModel::decode_step(GpuDecodeState& st) {
     project(st.y_, L.w_out, L.b_out, st.x_, 1.0f, s);  // x += y W_O (in place: C = D = x)
     mark("norm");
     norm_forward(cfg_, st.x_, L.norm2_w, L.norm2_b, st.h_, st.mean_, st.rstd_, s);
-    mark("ffn projections");
-    const std::vector<int>& types = st.row_types_;
-    if (cfg_.ffn.kind == "swiglu") {
-      ffn_project(st.h_, L.ffn_gate, L.ffn_gate_b, ffn_up_proj_.get(), types, st.f_gate_, false, st.out_, s);
-      ffn_project(st.h_, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, st.f_up_, false, st.out_, s);
-      mark("activation");
-      swiglu_forward(st.f_gate_, st.f_up_, st.f_act_, s);
-    } else {
-      ffn_project(st.h_, L.ffn_up, L.ffn_up_b, ffn_up_proj_.get(), types, st.f_up_, false, st.out_, s);
-      mark("activation");
-      gelu_forward(st.f_up_, st.f_act_, s);
-    }
-    mark("ffn projections");
-    ffn_project(st.f_act_, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, st.x_, true, st.out_, s);
+    ffn_forward(L, st.row_types_, st.h_, st.f_gate_, st.f_up_, st.f_act_, st.x_, st.out_);
   }
   mark("norm");
   norm_forward(cfg_, st.x_, norm_f_w_, norm_f_b_, st.h_, st.mean_, st.rstd_, s);
   mark("head");
-  if (cfg_.tied_head)
-    gemm(false, true, B, V, D, 1.0f, st.h_.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, st.logits_.raw(),
-         kBF16, V, s);
-  else
-    gemm(false, false, B, V, D, 1.0f, st.h_.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, st.logits_.raw(),
-         kBF16, V, s);
+  project_head(st.h_, st.logits_.raw(), V);
   detail::launch_increment(st.device_position(), s);
   timer_.stop(s);
   st.pos_ += 1;

@@ -57,30 +57,36 @@ const char* stop_reason_name(StopReason r) {
   return "?";
 }
 
-std::vector<TokenCompletion> generate_tokens(
-    model::Model& model, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
-    std::vector<Sampler>& samplers, const std::vector<int32_t>& stop_ids,
-    const std::function<bool(size_t, const std::vector<int32_t>&)>& stop_check, DecodeTiming* timing) {
+std::vector<int32_t> flatten_batch(const std::vector<std::vector<int32_t>>& prompts, size_t samplers,
+                                   int64_t max_new_tokens, int64_t context) {
   const int64_t B = static_cast<int64_t>(prompts.size());
   QV_CHECK(B >= 1, "generate: no prompts");
-  QV_CHECK(static_cast<int64_t>(samplers.size()) == B, "generate: {} samplers for {} prompts", samplers.size(), B);
+  QV_CHECK(static_cast<int64_t>(samplers) == B, "generate: {} samplers for {} prompts", samplers, B);
   const int64_t L = static_cast<int64_t>(prompts[0].size());
   QV_CHECK(L >= 1, "generate: a prompt needs at least one token");
   for (const auto& p : prompts)
     QV_CHECK(static_cast<int64_t>(p.size()) == L, "generate: prompts of one batch must have equal lengths ({} vs {})",
              p.size(), L);
   QV_CHECK(max_new_tokens >= 1, "generate: max_new_tokens must be ≥ 1, got {}", max_new_tokens);
-  const int64_t context = model.config().context;
   QV_CHECK(L + max_new_tokens <= context,
            "a prompt of {} tokens plus {} new tokens needs {} positions, more than the model's context of {}", L,
            max_new_tokens, L + max_new_tokens, context);
+  std::vector<int32_t> flat;
+  flat.reserve(static_cast<size_t>(B * L));
+  for (const auto& p : prompts) flat.insert(flat.end(), p.begin(), p.end());
+  return flat;
+}
+
+std::vector<TokenCompletion> generate_tokens(
+    model::Model& model, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
+    std::vector<Sampler>& samplers, const std::vector<int32_t>& stop_ids,
+    const std::function<bool(size_t, const std::vector<int32_t>&)>& stop_check, DecodeTiming* timing) {
+  const std::vector<int32_t> flat = flatten_batch(prompts, samplers.size(), max_new_tokens, model.config().context);
+  const int64_t B = static_cast<int64_t>(prompts.size()), L = static_cast<int64_t>(prompts[0].size());
   const int64_t V = model.config().vocab_size;
   DecodeTiming local;
   DecodeTiming& time = timing ? *timing : local;
 
-  std::vector<int32_t> flat;
-  flat.reserve(static_cast<size_t>(B * L));
-  for (const auto& p : prompts) flat.insert(flat.end(), p.begin(), p.end());
   // The last new token is never fed back, so the caches need L + max_new − 1 positions.
   auto state = model.new_decode_state(B, L + max_new_tokens - 1);
   Tensor logits, scratch;

@@ -34,6 +34,12 @@ struct DecodeTiming {
   double stop_check_s = 0;  // the caller's stop check (decoding text for stop strings)
 };
 
+// Checks one batch of generate_tokens (B ≥ 1 prompts of one length L ≥ 1, one sampler each,
+// max_new_tokens ≥ 1, L + max_new_tokens ≤ context; errors name the numbers) and returns the
+// prompts row by row, [B, L].
+std::vector<int32_t> flatten_batch(const std::vector<std::vector<int32_t>>& prompts, size_t samplers,
+                                   int64_t max_new_tokens, int64_t context);
+
 // One batch: B prompts of equal length L, each row at most max_new_tokens new tokens
 // (L + max_new_tokens ≤ the context). samplers[b] draws row b. A row ends at a token in
 // stop_ids, or when stop_check(b, its new tokens) returns true, or at max_new_tokens.

@@ -1,13 +1,18 @@
-// Binds a layer's parameter handles by name, for the CPU model (model.cpp) and the GPU model
-// (cuda/model.cpp): both keep the same fields, so the names of model::param_table are spelled
-// in one place. `get(name)` returns the handle of a parameter, or an undefined one when the
-// config has no such tensor.
+// What the CPU model (model.cpp) and the GPU model (cuda/model.cpp) derive from a config in the
+// same way: the layers' parameter handles by name, and the algebra of the FFN projections.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "algebra/law.h"
+#include "model/config.h"
 
 namespace quiver::model {
 
+// Binds a layer's parameter handles by name: both models keep the same fields, so the names of
+// model::param_table are spelled in one place. `get(name)` returns the handle of a parameter,
+// or an undefined one when the config has no such tensor.
 template <class Layer, class Get>
 void bind_layer_params(Layer& L, char kind, int64_t index, Get&& get) {
   const std::string p = "layers." + std::to_string(index) + ".";
@@ -38,6 +43,26 @@ void bind_layer_params(Layer& L, char kind, int64_t index, Get&& get) {
   L.ffn_gate_b = get(p + "ffn.gate_bias");
   L.ffn_up_b = get(p + "ffn.up_bias");
   L.ffn_down_b = get(p + "ffn.down_bias");
+}
+
+// The FFN's algebraic law (none for "dense"): gate and up map D → F with `up` widths, down
+// maps F → D with `down` widths (q equal groups when the config gives none); row types follow
+// the schedule.
+struct FfnLaw {
+  algebra::Law law;
+  algebra::GroupWidths up, down;
+  algebra::Schedule schedule;
+};
+
+inline std::optional<FfnLaw> ffn_law(const ModelConfig& cfg) {
+  if (cfg.ffn.law == "dense") return std::nullopt;
+  algebra::Law law = algebra::Law::parse(cfg.ffn.law);
+  const int q = law.q();
+  std::vector<int64_t> dg = cfg.ffn.d_groups, fg = cfg.ffn.f_groups;
+  if (dg.empty()) dg.assign(q, cfg.d_model / q);
+  if (fg.empty()) fg.assign(q, cfg.ffn.width / q);
+  return FfnLaw{std::move(law), algebra::GroupWidths{dg, fg}, algebra::GroupWidths{fg, dg},
+                    algebra::Schedule::parse(cfg.ffn.schedule)};
 }
 
 }  // namespace quiver::model

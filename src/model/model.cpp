@@ -344,16 +344,11 @@ Model::Model(ModelConfig cfg, DType dtype) : cfg_(std::move(cfg)), dtype_(dtype)
   norm_f_b_ = get("norm_f.bias").value;
   norm_f_b_grad_ = get("norm_f.bias").grad;
 
-  if (cfg_.ffn.law != "dense") {
-    algebra::Law law = algebra::Law::parse(cfg_.ffn.law);
-    const int q = law.q();
-    std::vector<int64_t> dg = cfg_.ffn.d_groups, fg = cfg_.ffn.f_groups;
-    if (dg.empty()) dg.assign(q, cfg_.d_model / q);
-    if (fg.empty()) fg.assign(q, cfg_.ffn.width / q);
-    ffn_q_ = q;
-    ffn_schedule_ = algebra::Schedule::parse(cfg_.ffn.schedule);
-    ffn_up_proj_ = std::make_unique<ops::AlgProj>(law, algebra::GroupWidths{dg, fg});
-    ffn_down_proj_ = std::make_unique<ops::AlgProj>(law, algebra::GroupWidths{fg, dg});
+  if (std::optional<model::FfnLaw> alg = model::ffn_law(cfg_)) {
+    ffn_q_ = alg->law.q();
+    ffn_schedule_ = alg->schedule;
+    ffn_up_proj_ = std::make_unique<ops::AlgProj>(alg->law, alg->up);
+    ffn_down_proj_ = std::make_unique<ops::AlgProj>(alg->law, alg->down);
   }
 }
 

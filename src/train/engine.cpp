@@ -73,16 +73,12 @@ void check_engine_device(const std::string& device) {
 
 std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam) {
   if (device == "cpu") return make_cpu_engine(model, adam);
+  check_engine_device(device);
   EngineFactory factory = nullptr;
-  std::string known = "cpu";
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = factories().find(device);
-    if (it != factories().end()) factory = it->second;
-    for (const auto& [name, f] : factories()) known += ", " + name;
+    factory = factories().at(device);
   }
-  QV_CHECK(factory != nullptr, "training device '{}' is not available in this build (available: {})", device,
-           known);
   return factory(model, adam);
 }
 
