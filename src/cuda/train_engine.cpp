@@ -34,7 +34,6 @@ class CudaEngine final : public train::Engine {
     if (norm_host_) cudaFreeHost(norm_host_);
   }
 
-  std::string device() const override { return "cuda"; }
   std::string description() const override { return device_name(); }
 
   void zero_grads() override { model_.zero_grads(); }

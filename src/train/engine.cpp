@@ -13,7 +13,6 @@ class CpuEngine final : public Engine {
  public:
   CpuEngine(model::Model& model, AdamW& adam) : model_(model), adam_(adam) {}
 
-  std::string device() const override { return "cpu"; }
   std::string description() const override { return "cpu"; }
 
   void zero_grads() override {

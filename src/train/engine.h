@@ -19,8 +19,7 @@ namespace quiver::train {
 class Engine {
  public:
   virtual ~Engine() = default;
-  // "cpu" or "cuda", and a description for run.json (the GPU's name).
-  virtual std::string device() const = 0;
+  // What run.json records as the device: "cpu", or the GPU's name.
   virtual std::string description() const = 0;
 
   virtual void zero_grads() = 0;
