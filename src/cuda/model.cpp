@@ -220,6 +220,8 @@ void GpuModel::zero_grads() {
 // Activations and token uploads
 
 void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
+  QV_CHECK(B >= 1, "batch size must be ≥ 1, got {}", B);
+  QV_CHECK(T >= 1 && T <= cfg_.context, "sequence length T = {} must be in [1, context = {}]", T, cfg_.context);
   std::unique_ptr<Acts>& slot = training ? train_acts_ : infer_acts_;
   if (slot && slot->B == B && slot->T == T) return;
   if (slot) {
@@ -537,8 +539,6 @@ void GpuModel::head_and_loss(Acts& A, bool with_grad, float grad_scale) {
 }
 
 double GpuModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
-  QV_CHECK(B >= 1, "batch size must be ≥ 1, got {}", B);
-  QV_CHECK(T >= 1 && T <= cfg_.context, "sequence length T = {} must be in [1, context = {}]", T, cfg_.context);
   ensure_acts(B, T, false);
   Acts& A = *infer_acts_;
   upload_tokens(tokens, targets, B * T, A);
@@ -550,8 +550,6 @@ double GpuModel::forward_loss(const int32_t* tokens, const int32_t* targets, int
 }
 
 Tensor GpuModel::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
-  QV_CHECK(B >= 1 && T >= 1 && T <= cfg_.context, "forward_logits: B = {}, T = {} (context {})", B, T,
-           cfg_.context);
   ensure_acts(B, T, false);
   Acts& A = *infer_acts_;
   upload_tokens(tokens, nullptr, B * T, A);
@@ -711,8 +709,6 @@ void GpuModel::backward(Acts& A) {
 
 void GpuModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                                 float grad_scale) {
-  QV_CHECK(B >= 1, "batch size must be ≥ 1, got {}", B);
-  QV_CHECK(T >= 1 && T <= cfg_.context, "sequence length T = {} must be in [1, context = {}]", T, cfg_.context);
   ensure_acts(B, T, true);
   Acts& A = *train_acts_;
   upload_tokens(tokens, targets, B * T, A);
