@@ -1,0 +1,176 @@
+// Tile plans of the fused algebraic-projection kernels (algproj_tiles.h).
+#include "ops/algproj_tiles.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "algebra/law.h"
+#include "quiver/error.h"
+
+namespace quiver::ops {
+namespace {
+
+int32_t narrow(int64_t v, const char* what) {
+  QV_CHECK(v >= 0 && v <= std::numeric_limits<int32_t>::max(),
+           "algproj tiles: {} = {} does not fit the kernels' 32-bit indices", what, v);
+  return static_cast<int32_t>(v);
+}
+
+void check_plan_args(const algebra::Law& law, const algebra::GroupWidths& widths,
+                     const std::vector<int>& row_types, int tile_rows, int tile_cols) {
+  widths.validate(law.q());
+  QV_CHECK(tile_rows > 0 && tile_cols > 0, "algproj tiles: tile {}x{} must be positive", tile_rows,
+           tile_cols);
+  for (size_t m = 0; m < row_types.size(); ++m)
+    QV_CHECK(row_types[m] >= 0 && row_types[m] < law.q(),
+             "algproj tiles: row {} has type {} outside [0, {})", m, row_types[m], law.q());
+  narrow(static_cast<int64_t>(row_types.size()), "M");
+  narrow(widths.K(), "K");
+  narrow(widths.N(), "N");
+}
+
+// Ranges [off[g], off[g+1]) of the listed groups (ascending), merged where contiguous.
+std::vector<AlgSegment> merged_ranges(const std::vector<int>& groups, const std::vector<int64_t>& off) {
+  std::vector<AlgSegment> out;
+  for (int g : groups) {
+    const int32_t k0 = static_cast<int32_t>(off[g]), len = static_cast<int32_t>(off[g + 1] - off[g]);
+    if (len == 0) continue;
+    if (!out.empty() && out.back().k0 + out.back().len == k0)
+      out.back().len += len;
+    else
+      out.push_back({k0, len});
+  }
+  return out;
+}
+
+int64_t reduction_length(const AlgRowPlan& plan, const AlgRowTile& t) {
+  int64_t n = 0;
+  for (int32_t s = 0; s < t.seg_count; ++s) n += plan.segments[t.seg_begin + s].len;
+  return n;
+}
+
+}  // namespace
+
+AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
+                         const std::vector<int>& row_types, AlgPass pass, int tile_rows,
+                         int tile_cols) {
+  QV_CHECK(pass == AlgPass::Forward || pass == AlgPass::DX,
+           "plan_row_pass: the pass must be Forward or DX");
+  check_plan_args(law, widths, row_types, tile_rows, tile_cols);
+  const int q = law.q();
+  const bool fwd = pass == AlgPass::Forward;
+  const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
+  // Output groups of this pass (δ forward, β for dX) and the reduction groups' offsets.
+  const std::vector<int64_t>& o_off = fwd ? out_off : in_off;
+  const std::vector<int64_t>& r_off = fwd ? in_off : out_off;
+
+  // Each type's reduction groups per output group, and the classes of identical types.
+  std::vector<std::vector<std::vector<int>>> groups(q, std::vector<std::vector<int>>(q));
+  for (int a = 0; a < q; ++a)
+    for (int d = 0; d < q; ++d)
+      for (int b : law.support(a, d)) {
+        if (fwd)
+          groups[a][d].push_back(b);  // y_δ reduces over β ∈ B(α, δ)
+        else
+          groups[a][b].push_back(d);  // dx_β reduces over δ with β ∈ B(α, δ)
+      }
+  for (auto& per_out : groups)
+    for (auto& g : per_out) std::sort(g.begin(), g.end());
+  std::vector<int> class_of(q, -1), representative;
+  for (int a = 0; a < q; ++a) {
+    for (size_t c = 0; c < representative.size() && class_of[a] < 0; ++c)
+      if (groups[representative[c]] == groups[a]) class_of[a] = static_cast<int>(c);
+    if (class_of[a] < 0) {
+      class_of[a] = static_cast<int>(representative.size());
+      representative.push_back(a);
+    }
+  }
+  std::vector<std::vector<int32_t>> class_rows(representative.size());
+  for (size_t m = 0; m < row_types.size(); ++m)
+    class_rows[class_of[row_types[m]]].push_back(static_cast<int32_t>(m));
+
+  AlgRowPlan plan;
+  for (size_t c = 0; c < representative.size(); ++c) {
+    const std::vector<int32_t>& rows = class_rows[c];
+    if (rows.empty()) continue;
+    const int32_t row_begin = static_cast<int32_t>(plan.rows.size());
+    plan.rows.insert(plan.rows.end(), rows.begin(), rows.end());
+    const int32_t nrows = static_cast<int32_t>(rows.size());
+    for (int g = 0; g < q; ++g) {
+      const int64_t width = o_off[g + 1] - o_off[g];
+      if (width == 0) continue;
+      const std::vector<AlgSegment> segs = merged_ranges(groups[representative[c]][g], r_off);
+      const int32_t seg_begin = static_cast<int32_t>(plan.segments.size());
+      plan.segments.insert(plan.segments.end(), segs.begin(), segs.end());
+      int64_t red = 0;
+      for (const AlgSegment& s : segs) red += s.len;
+      for (int64_t c0 = 0; c0 < width; c0 += tile_cols)
+        for (int32_t r0 = 0; r0 < nrows; r0 += tile_rows) {
+          AlgRowTile t;
+          t.row_begin = row_begin + r0;
+          t.row_count = std::min<int32_t>(tile_rows, nrows - r0);
+          t.col0 = static_cast<int32_t>(o_off[g] + c0);
+          t.ncols = static_cast<int32_t>(std::min<int64_t>(tile_cols, width - c0));
+          t.seg_begin = seg_begin;
+          t.seg_count = static_cast<int32_t>(segs.size());
+          plan.tiles.push_back(t);
+          plan.macs += static_cast<int64_t>(t.row_count) * t.ncols * red;
+        }
+    }
+  }
+  std::stable_sort(plan.tiles.begin(), plan.tiles.end(), [&](const AlgRowTile& x, const AlgRowTile& y) {
+    return reduction_length(plan, x) > reduction_length(plan, y);
+  });
+  return plan;
+}
+
+AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
+                               const std::vector<int>& row_types, int tile_rows, int tile_cols) {
+  check_plan_args(law, widths, row_types, tile_rows, tile_cols);
+  const int q = law.q();
+  const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
+  std::vector<std::vector<int32_t>> type_rows(q);
+  for (size_t m = 0; m < row_types.size(); ++m) type_rows[row_types[m]].push_back(static_cast<int32_t>(m));
+
+  AlgWeightPlan plan;
+  std::map<std::vector<bool>, std::pair<int32_t, int32_t>> lists;  // set of types -> rows range
+  auto rows_of = [&](const std::vector<bool>& set) {
+    auto it = lists.find(set);
+    if (it != lists.end()) return it->second;
+    std::vector<int32_t> rows;
+    for (int a = 0; a < q; ++a)
+      if (set[a]) rows.insert(rows.end(), type_rows[a].begin(), type_rows[a].end());
+    std::sort(rows.begin(), rows.end());
+    const std::pair<int32_t, int32_t> range{static_cast<int32_t>(plan.rows.size()),
+                                            static_cast<int32_t>(rows.size())};
+    plan.rows.insert(plan.rows.end(), rows.begin(), rows.end());
+    lists.emplace(set, range);
+    return range;
+  };
+  for (int b = 0; b < q; ++b)
+    for (int d = 0; d < q; ++d) {
+      const int64_t s = in_off[b + 1] - in_off[b], r = out_off[d + 1] - out_off[d];
+      if (s == 0 || r == 0) continue;
+      std::vector<bool> set(q);
+      for (int a = 0; a < q; ++a) set[a] = law.contributes(a, b, d);
+      const auto [list_begin, list_count] = rows_of(set);
+      for (int64_t k0 = 0; k0 < s; k0 += tile_rows)
+        for (int64_t c0 = 0; c0 < r; c0 += tile_cols) {
+          AlgWeightTile t;
+          t.k0 = static_cast<int32_t>(in_off[b] + k0);
+          t.nk = static_cast<int32_t>(std::min<int64_t>(tile_rows, s - k0));
+          t.col0 = static_cast<int32_t>(out_off[d] + c0);
+          t.ncols = static_cast<int32_t>(std::min<int64_t>(tile_cols, r - c0));
+          t.list_begin = list_begin;
+          t.list_count = list_count;
+          plan.tiles.push_back(t);
+          plan.macs += static_cast<int64_t>(t.nk) * t.ncols * list_count;
+        }
+    }
+  std::stable_sort(plan.tiles.begin(), plan.tiles.end(),
+                   [](const AlgWeightTile& x, const AlgWeightTile& y) { return x.list_count > y.list_count; });
+  return plan;
+}
+
+}  // namespace quiver::ops

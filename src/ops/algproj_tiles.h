@@ -1,0 +1,70 @@
+// Work decomposition of the fused algebraic-projection kernels (SPEC §1.3), built on the
+// host and read by the GPU kernels (src/cuda/algproj_fused.cu). Plain structs only, so the
+// kernels can include this header.
+//
+// Row pass (forward y = Φ_W(x), and dX): every output element belongs to exactly one tile.
+// A tile is a block of at most `tile_rows` rows of one row class (types whose support rows
+// are identical are merged into one class; a dense law has one class) and at most
+// `tile_cols` columns of one output group; it is reduced over its segments, each a range
+// [k0, k0 + len) of the pass's input columns, which is also the weight's reduction index
+// (forward: x columns = W rows; dX: dy columns = W columns). Contiguous support groups are
+// merged into one segment. A tile with no segment assigns zeros.
+//   forward: output group δ of type α reduces over B(α, δ) (input groups);
+//   dX:      output group β of type α reduces over {δ : β ∈ B(α, δ)} (output groups).
+//
+// Weight pass (dW): tiles of at most tile_rows × tile_cols elements of one block (β, δ),
+// each reduced over the rows of the types α with β ∈ B(α, δ) (one ascending list per
+// distinct set of types); a block no type uses has an empty list (assigned zeros).
+//
+// Tiles are ordered longest reduction first, so the long ones start early.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace quiver::algebra {
+class Law;
+struct GroupWidths;
+}  // namespace quiver::algebra
+
+namespace quiver::ops {
+
+struct AlgSegment {
+  int32_t k0, len;
+};
+
+struct AlgRowTile {
+  int32_t row_begin, row_count;  // into AlgRowPlan::rows
+  int32_t col0, ncols;           // output columns
+  int32_t seg_begin, seg_count;  // into AlgRowPlan::segments
+};
+
+struct AlgWeightTile {
+  int32_t k0, nk;                  // dW rows (input features)
+  int32_t col0, ncols;             // dW columns (output features)
+  int32_t list_begin, list_count;  // reduction rows, into AlgWeightPlan::rows
+};
+
+enum class AlgPass { Forward, DX, DW };
+
+struct AlgRowPlan {
+  std::vector<int32_t> rows;  // row indices of every class, concatenated (ascending within one)
+  std::vector<AlgRowTile> tiles;
+  std::vector<AlgSegment> segments;
+  int64_t macs = 0;  // multiply-adds the tiles perform (padding excluded)
+};
+
+struct AlgWeightPlan {
+  std::vector<int32_t> rows;
+  std::vector<AlgWeightTile> tiles;
+  int64_t macs = 0;
+};
+
+// pass: Forward or DX. row_types: one entry per row, in [0, q).
+AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
+                         const std::vector<int>& row_types, AlgPass pass, int tile_rows,
+                         int tile_cols);
+
+AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
+                               const std::vector<int>& row_types, int tile_rows, int tile_cols);
+
+}  // namespace quiver::ops
