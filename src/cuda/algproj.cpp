@@ -4,9 +4,15 @@
 #include "cuda/algproj.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "cuda/algproj_fused_launch.h"
 #include "cuda/algproj_launch.h"
+#include "cuda/calibration.h"
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 #include "cuda/gemm.h"
@@ -162,6 +168,17 @@ AlgProj::AlgProj(Law law, GroupWidths widths, ops::RowAccess access)
   shared_cover_all_ = plan.shared_covers_all;
   shared_ = std::move(plan.shared);
   per_type_ = std::move(plan.per_type);
+  // The fused kernels copy `vec` elements at a time: every offset (hence every width and the
+  // leading dimensions K and N) must be a multiple of it.
+  for (int vec : {8, 2}) {
+    bool ok = true;
+    for (int64_t o : k_off_) ok = ok && o % vec == 0;
+    for (int64_t o : n_off_) ok = ok && o % vec == 0;
+    if (ok) {
+      fused_vec_ = vec;
+      break;
+    }
+  }
 }
 
 namespace {
@@ -209,75 +226,332 @@ void run_pass(const Pass& p, int q, int64_t M, const std::vector<Rect>& shared,
   detail::launch_f32_to_bf16(acc, out, M * oc, stream);
 }
 
+// dW_βδ = Σ_rows X[:, β]ᵀ dY[:, δ] over the rectangles, in fp32 directly. The shared
+// rectangles are disjoint: when they tile the whole grid (and rows exist) and dw is assigned,
+// each assigns its block; otherwise dw is cleared first (unless accumulating) and every
+// product accumulates (per-type blocks may overlap each other).
+struct DwProducts {
+  const uint16_t* X;
+  const uint16_t* DY;
+  float* DW;
+  int64_t M, K, N;
+  const std::vector<int64_t>& k_off;
+  const std::vector<int64_t>& n_off;
+
+  void product(const Rect& r, int64_t m, const uint16_t* Xa, int64_t ldx, const uint16_t* DYa, int64_t ldy,
+               float beta, cudaStream_t stream) const {
+    const int64_t k0 = k_off[r.b0], kw = k_off[r.b1] - k0;
+    const int64_t n0 = n_off[r.d0], nw = n_off[r.d1] - n0;
+    gemm(true, false, kw, nw, m, 1.0f, Xa + k0, DType::BF16, ldx, DYa + n0, DType::BF16, ldy, beta,
+         DW + k0 * N + n0, DType::F32, N, stream);
+  }
+};
+
+std::string widths_key(const std::vector<int64_t>& w) {
+  std::string s;
+  for (size_t i = 0; i < w.size(); ++i) s += (i ? "," : "") + std::to_string(w[i]);
+  return s;
+}
+
+uint64_t types_hash(const std::vector<int>& types) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (int t : types) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+const char* pass_name(ops::AlgPass pass) {
+  switch (pass) {
+    case ops::AlgPass::Forward: return "forward";
+    case ops::AlgPass::DX: return "dx";
+    case ops::AlgPass::DW: return "dw";
+  }
+  return "?";
+}
+
+detail::AlgTileShape tile_shape(ops::AlgPass pass, int config) {
+  return pass == ops::AlgPass::DW ? detail::kAlgWeightTiles[config] : detail::kAlgRowTiles[config];
+}
+
+bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (2 * vec) == 0; }
+
 }  // namespace
+
+std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
+  if (k.kind == AlgKernel::Kind::Products) return "products";
+  const detail::AlgTileShape t = tile_shape(pass, k.config);
+  return "fused " + std::to_string(t.rows) + "x" + std::to_string(t.cols);
+}
+
+std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
+  std::vector<AlgKernel> out{{AlgKernel::Kind::Products, 0}};
+  const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigs : detail::kAlgRowConfigs;
+  for (int c = 0; c < n; ++c) out.push_back({AlgKernel::Kind::Fused, c});
+  return out;
+}
+
+const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const std::vector<int>& types) const {
+  for (size_t i = 0; i < plans_.size(); ++i)
+    if (plans_[i].pass == pass && plans_[i].config == config && plans_[i].types == types) return plans_[i];
+  constexpr size_t kMaxPlans = 24;
+  if (plans_.size() >= kMaxPlans) plans_.erase(plans_.begin());  // cudaFree waits for queued work
+  const detail::AlgTileShape t = tile_shape(pass, config);
+  DevicePlan d;
+  d.pass = pass;
+  d.config = config;
+  d.types = types;
+  std::vector<char> bytes;
+  auto append = [&](const void* src, size_t n) {
+    const size_t at = (bytes.size() + 15) / 16 * 16;
+    bytes.resize(at + n);
+    if (n) std::memcpy(bytes.data() + at, src, n);
+    return at;
+  };
+  size_t rows_at, tiles_at, segs_at = 0;
+  if (pass == ops::AlgPass::DW) {
+    const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, t.rows, t.cols);
+    rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
+    tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
+    d.num_tiles = static_cast<int>(p.tiles.size());
+  } else {
+    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, t.rows, t.cols);
+    rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
+    tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
+    segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
+    d.num_tiles = static_cast<int>(p.tiles.size());
+  }
+  d.buffer = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(bytes.size() + 7) / 8, 1)}, DType::F64,
+                           Device::CUDA);
+  char* base = static_cast<char*>(d.buffer.raw());
+  // A synchronous upload, once per plan (the first call of a shape).
+  QV_CUDA_CHECK(cudaMemcpy(base, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  d.rows = reinterpret_cast<const int32_t*>(base + rows_at);
+  d.tiles = base + tiles_at;
+  d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
+  plans_.push_back(std::move(d));
+  return plans_.back();
+}
+
+void AlgProj::run_fused(ops::AlgPass pass, int config, const Tensor& a, const Tensor& w, const Tensor* x,
+                        const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream) const {
+  const DevicePlan& d = plan(pass, config, types);
+  if (pass == ops::AlgPass::DW) {
+    detail::AlgWeightArgs args{};
+    args.x = static_cast<const uint16_t*>(x->raw());
+    args.ldx = K();
+    args.dy = static_cast<const uint16_t*>(a.raw());
+    args.ldy = N();
+    args.dw = static_cast<float*>(out.raw());
+    args.lddw = N();
+    args.accumulate = accumulate;
+    args.rows = d.rows;
+    args.tiles = static_cast<const ops::AlgWeightTile*>(d.tiles);
+    args.num_tiles = d.num_tiles;
+    detail::launch_algproj_weights(args, config, fused_vec_, stream);
+    return;
+  }
+  detail::AlgRowArgs args{};
+  args.a = static_cast<const uint16_t*>(a.raw());
+  args.lda = pass == ops::AlgPass::Forward ? K() : N();
+  args.w = static_cast<const uint16_t*>(w.raw());
+  args.ldw = N();
+  args.w_transposed = pass == ops::AlgPass::DX;
+  args.c = static_cast<uint16_t*>(out.raw());
+  args.ldc = pass == ops::AlgPass::Forward ? N() : K();
+  args.accumulate = accumulate;
+  args.rows = d.rows;
+  args.tiles = static_cast<const ops::AlgRowTile*>(d.tiles);
+  args.segments = d.segments;
+  args.num_tiles = d.num_tiles;
+  detail::launch_algproj_rows(args, config, fused_vec_, stream);
+}
+
+AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
+                          const std::function<void(const AlgKernel&)>& run) const {
+  const AlgKernel products{AlgKernel::Kind::Products, 0};
+  const std::optional<AlgKernel>& pin =
+      pass == ops::AlgPass::Forward ? pinned_.forward : pass == ops::AlgPass::DX ? pinned_.dx : pinned_.dw;
+  if (pin) {
+    QV_CHECK(pin->kind == AlgKernel::Kind::Products || fused_supported(),
+             "algproj: the fused kernels need even group offsets (law {}); pin the products schedule",
+             law_.name());
+    QV_CHECK(pin->kind == AlgKernel::Kind::Products || fused_ok,
+             "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
+    return *pin;
+  }
+  // Tensors not aligned for the fused copies (views into a packed buffer, say) use the products.
+  if (!fused_ok) return products;
+  for (const Choice& c : choices_)
+    if (c.pass == pass && c.types == types) return c.kernel;
+  const std::string key = fmt::format("algproj|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+                                      pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
+                                      types.size(), types_hash(types));
+  AlgKernel best{AlgKernel::Kind::Products, 0};
+  bool known = false;
+  if (std::optional<nlohmann::json> v = calibration_lookup(key)) {
+    try {
+      const std::string kind = v->at("kernel").get<std::string>();
+      const int config = v->at("config").get<int>();
+      const int limit = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigs : detail::kAlgRowConfigs;
+      if (kind == "products" || (kind == "fused" && config >= 0 && config < limit)) {
+        best = {kind == "products" ? AlgKernel::Kind::Products : AlgKernel::Kind::Fused, config};
+        known = true;
+      }
+    } catch (const std::exception&) {
+      // a malformed entry is calibrated again
+    }
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  QV_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const char* env = std::getenv("QUIVER_ALGPROJ_CALIBRATE");
+  const bool may_time = capture == cudaStreamCaptureStatusNone && !(env && std::string(env) == "0");
+  if (!known && !may_time) {
+    // Default: the largest row tile that the smallest type still fills.
+    std::vector<int64_t> count(law_.q(), 0);
+    for (int t : types) ++count[t];
+    int64_t fewest = static_cast<int64_t>(types.size());
+    for (int64_t c : count)
+      if (c > 0) fewest = std::min(fewest, c);
+    const int config = pass == ops::AlgPass::DW ? 0 : fewest >= 64 ? 0 : fewest >= 32 ? 3 : 4;
+    return {AlgKernel::Kind::Fused, config};  // not remembered: a later call may calibrate
+  }
+  if (!known) {
+    cudaEvent_t start, stop;
+    QV_CUDA_CHECK(cudaEventCreate(&start));
+    QV_CUDA_CHECK(cudaEventCreate(&stop));
+    float best_us = 0;
+    for (const AlgKernel& k : kernel_candidates(pass)) {
+      run(k);  // warm: builds the plan, grows scratch
+      float fastest = 0;
+      for (int rep = 0; rep < 3; ++rep) {
+        QV_CUDA_CHECK(cudaEventRecord(start, stream));
+        run(k);
+        QV_CUDA_CHECK(cudaEventRecord(stop, stream));
+        QV_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        QV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        fastest = rep == 0 ? ms : std::min(fastest, ms);
+      }
+      if (best_us == 0 || fastest * 1000.0f < best_us) {
+        best_us = fastest * 1000.0f;
+        best = k;
+      }
+    }
+    QV_CUDA_CHECK(cudaEventDestroy(start));
+    QV_CUDA_CHECK(cudaEventDestroy(stop));
+    calibration_store(key, {{"kernel", best.kind == AlgKernel::Kind::Products ? "products" : "fused"},
+                            {"config", best.config},
+                            {"name", kernel_name(pass, best)},
+                            {"us", best_us}});
+  }
+  constexpr size_t kMaxChoices = 24;
+  if (choices_.size() >= kMaxChoices) choices_.erase(choices_.begin());
+  choices_.push_back({pass, types, best});
+  return best;
+}
 
 void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
                       Tensor& y, cudaStream_t stream) const {
   check_inputs(x, w, K(), N(), row_types.size());
   const int64_t M = x.dim(0);
   check_tensor(y, {M, N()}, DType::BF16, "y");
-  std::vector<RowSet> sets = group_rows(row_types, law_.q(), access_);
   if (M == 0) return;
+  const bool fused_ok = fused_supported() && aligned(x.raw(), fused_vec_) && aligned(w.raw(), fused_vec_) &&
+                        aligned(y.raw(), fused_vec_);
   const Pass p{true, static_cast<const uint16_t*>(x.raw()), K(), N(),
                static_cast<const uint16_t*>(w.raw()), &k_off_, &n_off_, N()};
-  run_pass(p, law_.q(), M, shared_, per_type_, sets, static_cast<uint16_t*>(y.raw()),
-           scratch_.acc, scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+  auto run = [&](const AlgKernel& k) {
+    if (k.kind == AlgKernel::Kind::Fused) {
+      run_fused(ops::AlgPass::Forward, k.config, x, w, nullptr, row_types, y, false, stream);
+      return;
+    }
+    std::vector<RowSet> sets = group_rows(row_types, law_.q(), access_);
+    run_pass(p, law_.q(), M, shared_, per_type_, sets, static_cast<uint16_t*>(y.raw()), scratch_.acc,
+             scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+  };
+  const AlgKernel k = choose(ops::AlgPass::Forward, row_types, fused_ok, stream, run);
+  run(k);
+  last_[static_cast<int>(ops::AlgPass::Forward)] = k;
 }
 
 void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                        const std::vector<int>& row_types, Tensor* dx, Tensor* dw,
-                       cudaStream_t stream) const {
+                       cudaStream_t stream, bool accumulate_dw) const {
   check_inputs(x, w, K(), N(), row_types.size());
   const int64_t M = x.dim(0), K = this->K(), N = this->N();
   check_tensor(dy, {M, N}, DType::BF16, "dy");
   if (dx) check_tensor(*dx, {M, K}, DType::BF16, "dx");
   if (dw) check_tensor(*dw, {K, N}, DType::F32, "dw");
   const int q = law_.q();
-  std::vector<RowSet> sets = group_rows(row_types, q, access_);
   const auto* X = static_cast<const uint16_t*>(x.raw());
   const auto* W = static_cast<const uint16_t*>(w.raw());
   const auto* DY = static_cast<const uint16_t*>(dy.raw());
+  const bool inputs_ok = fused_supported() && aligned(X, fused_vec_) && aligned(W, fused_vec_) && aligned(DY, fused_vec_);
 
   // dX[:, β] = Σ dY[:, δ] W_βδᵀ: the forward's pass with the roles of the groups swapped.
   if (dx && M > 0) {
     const Pass p{false, DY, N, K, W, &k_off_, &n_off_, N};
-    run_pass(p, q, M, shared_, per_type_, sets, static_cast<uint16_t*>(dx->raw()), scratch_.acc,
-             scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+    auto run = [&](const AlgKernel& k) {
+      if (k.kind == AlgKernel::Kind::Fused) {
+        run_fused(ops::AlgPass::DX, k.config, dy, w, nullptr, row_types, *dx, false, stream);
+        return;
+      }
+      std::vector<RowSet> sets = group_rows(row_types, q, access_);
+      run_pass(p, q, M, shared_, per_type_, sets, static_cast<uint16_t*>(dx->raw()), scratch_.acc,
+               scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+    };
+    const AlgKernel k = choose(ops::AlgPass::DX, row_types, inputs_ok && aligned(dx->raw(), fused_vec_), stream, run);
+    run(k);
+    last_[static_cast<int>(ops::AlgPass::DX)] = k;
   }
   if (!dw) return;
-  // dW_βδ = Σ_rows X[:, β]ᵀ dY[:, δ], in fp32 directly. The shared rectangles are disjoint:
-  // when they tile the whole grid (and rows exist) each assigns its block; otherwise dw is
-  // cleared first and every product accumulates (per-type blocks may overlap each other).
-  auto* DW = static_cast<float*>(dw->raw());
-  const bool assign_shared = shared_cover_all_ && M > 0;
-  if (!assign_shared) QV_CUDA_CHECK(cudaMemsetAsync(DW, 0, K * N * sizeof(float), stream));
-  if (M == 0) return;
-  auto dw_product = [&](const Rect& r, int64_t m, const uint16_t* Xa, int64_t ldx,
-                        const uint16_t* DYa, int64_t ldy, float beta) {
-    const int64_t k0 = k_off_[r.b0], kw = k_off_[r.b1] - k0;
-    const int64_t n0 = n_off_[r.d0], nw = n_off_[r.d1] - n0;
-    gemm(true, false, kw, nw, m, 1.0f, Xa + k0, DType::BF16, ldx, DYa + n0, DType::BF16, ldy, beta,
-         DW + k0 * N + n0, DType::F32, N, stream);
-  };
-  for (const Rect& r : shared_) dw_product(r, M, X, K, DY, N, assign_shared ? 0.0f : 1.0f);
-  const int64_t* indices = upload_gathered(sets, per_type_, scratch_.indices, stream);
-  for (int a = 0; a < q; ++a) {
-    const RowSet& s = sets[a];
-    const int64_t m = static_cast<int64_t>(s.rows.size());
-    if (m == 0 || per_type_[a].empty()) continue;
-    if (s.progression) {
-      const int64_t r0 = s.rows[0];
-      for (const Rect& r : per_type_[a])
-        dw_product(r, m, X + r0 * K, s.stride * K, DY + r0 * N, s.stride * N, 1.0f);
-    } else {
-      const int64_t* idx = indices + s.index_offset;
-      auto* xs = static_cast<uint16_t*>(ensure(scratch_.rows_a, m * K * sizeof(uint16_t)));
-      auto* dys = static_cast<uint16_t*>(ensure(scratch_.rows_b, m * N * sizeof(uint16_t)));
-      detail::launch_gather_rows_bf16(X, K, idx, m, xs, stream);
-      detail::launch_gather_rows_bf16(DY, N, idx, m, dys, stream);
-      for (const Rect& r : per_type_[a]) dw_product(r, m, xs, K, dys, N, 1.0f);
-    }
+  if (M == 0) {
+    if (!accumulate_dw) QV_CUDA_CHECK(cudaMemsetAsync(dw->raw(), 0, K * N * sizeof(float), stream));
+    return;
   }
+  const DwProducts prod{X, DY, nullptr, M, K, N, k_off_, n_off_};
+  auto run_into = [&](const AlgKernel& k, Tensor& target, bool accumulate) {
+    if (k.kind == AlgKernel::Kind::Fused) {
+      run_fused(ops::AlgPass::DW, k.config, dy, w, &x, row_types, target, accumulate, stream);
+      return;
+    }
+    DwProducts p = prod;
+    p.DW = static_cast<float*>(target.raw());
+    const bool assign_shared = shared_cover_all_ && !accumulate;
+    if (!assign_shared && !accumulate)
+      QV_CUDA_CHECK(cudaMemsetAsync(p.DW, 0, K * N * sizeof(float), stream));
+    for (const Rect& r : shared_) p.product(r, M, X, K, DY, N, assign_shared ? 0.0f : 1.0f, stream);
+    std::vector<RowSet> sets = group_rows(row_types, q, access_);
+    const int64_t* indices = upload_gathered(sets, per_type_, scratch_.indices, stream);
+    for (int a = 0; a < q; ++a) {
+      const RowSet& s = sets[a];
+      const int64_t m = static_cast<int64_t>(s.rows.size());
+      if (m == 0 || per_type_[a].empty()) continue;
+      if (s.progression) {
+        const int64_t r0 = s.rows[0];
+        for (const Rect& r : per_type_[a])
+          p.product(r, m, X + r0 * K, s.stride * K, DY + r0 * N, s.stride * N, 1.0f, stream);
+      } else {
+        const int64_t* idx = indices + s.index_offset;
+        auto* xs = static_cast<uint16_t*>(ensure(scratch_.rows_a, m * K * sizeof(uint16_t)));
+        auto* dys = static_cast<uint16_t*>(ensure(scratch_.rows_b, m * N * sizeof(uint16_t)));
+        detail::launch_gather_rows_bf16(X, K, idx, m, xs, stream);
+        detail::launch_gather_rows_bf16(DY, N, idx, m, dys, stream);
+        for (const Rect& r : per_type_[a]) p.product(r, m, xs, K, dys, N, 1.0f, stream);
+      }
+    }
+  };
+  // Calibration times the candidates into a scratch dW, so an accumulated dw is untouched.
+  Tensor trial;
+  auto time_one = [&](const AlgKernel& k) {
+    if (!trial.defined()) trial = Tensor::empty({K, N}, DType::F32, Device::CUDA);
+    run_into(k, trial, false);
+  };
+  const AlgKernel k = choose(ops::AlgPass::DW, row_types, inputs_ok && aligned(dw->raw(), fused_vec_), stream, time_one);
+  run_into(k, *dw, accumulate_dw);
+  last_[static_cast<int>(ops::AlgPass::DW)] = k;
 }
 
 }  // namespace quiver::cuda

@@ -1,46 +1,78 @@
 // The algebraic projection on the GPU (SPEC §1.3): Y = Φ_W(X), the CUDA counterpart of
-// ops::AlgProj (src/ops/algproj.h), with the same decomposition.
+// ops::AlgProj (src/ops/algproj.h).
 //
-// The law's support is cut into rectangles of contiguous (input-group, output-group)
-// ranges exactly as ops::AlgProj does (the algorithm is repeated in algproj.cpp: the CPU
-// class keeps its rectangles private). Terms shared by every row type run once over all
-// rows; the rest run per row type on that type's rows. Each rectangle is one cuda::gemm
-// (bf16 operands, fp32 accumulation). A type's rows are used in place when they form an
-// arithmetic progression (strided operands: lda = stride·K), else they are gathered into
-// scratch by a kernel and the partial result is scatter-added back. Decoding one row or a
-// few rows of mixed types is the same call.
+// Two schedules compute it, and every pass (forward, dX, dW) picks one of them per shape:
+// - fused (algproj_fused.cu): one tensor-core kernel per pass over a tile plan
+//   (ops/algproj_tiles.h). A forward tile holds rows of one row type and columns of one output
+//   group and accumulates every product that reaches them (both endpoint products of Q_q) in
+//   fp32 registers before its single bf16 rounding; a type's rows are addressed through a row
+//   list, so strided (cyclic), contiguous (interval) and arbitrary row types run alike. dX is
+//   the same kernel with the transposed law; dW gives each dW tile one block that reduces
+//   over the rows of the types using that block. Each output element has one owner, so the
+//   results are deterministic. Needs every group offset and width to be even.
+// - products (diagonal then typed): the law's support cut into rectangles of contiguous
+//   (input-group, output-group) ranges exactly as ops::AlgProj does; the terms shared by every
+//   row type run once over all rows, then the rest per row type, each rectangle one cuda::gemm
+//   (cuBLASLt). A type's rows are used in place when they form an arithmetic progression, else
+//   gathered into scratch and scatter-added back; products are summed in an fp32 scratch and
+//   rounded to bf16 once.
 //
-// Precision (shared/DESIGN.md): x, w, dy, y, dx are bf16; dw is fp32. When an output element
-// receives several rectangle products, they are summed in an fp32 scratch and converted to
-// bf16 once at the end, so a bf16 output is rounded exactly once (as a dense GEMM's would
-// be). When every output group is reached by at most one product (dense law, block-diagonal
-// shared terms with no per-type terms), the products write the bf16 output directly.
+// Tensors whose pointers are not aligned for the fused kernels' copies (2·vec bytes) use the
+// products schedule.
 //
-// Contract: forward assigns y; backward assigns dx and dw (either may be null), as the CPU
-// class. Shapes: x [M, K], w [K, N], y and dy [M, N], dx [M, K] bf16; dw [K, N] fp32; all
-// contiguous CUDA tensors. row_types has M host entries in [0, q).
+// Calibration: unless a kernel is pinned (set_kernels), the first call of a pass for a new
+// (GPU, law, widths, M, row types) times every candidate of that pass (kernel_candidates) on
+// the call's own tensors and keeps the fastest in the kernel cache (calibration.h), which
+// later calls and later processes read. Calibration synchronizes the stream once; during a
+// CUDA-graph capture, or with QUIVER_ALGPROJ_CALIBRATE=0, an uncalibrated call uses the
+// default choice (fused with 64 × 128 tiles, 16-row tiles when few rows share a type)
+// instead. So: run each shape once before capturing a graph.
 //
-// Streams: every call enqueues on `stream` and never synchronizes the host. The instance
-// keeps device scratch (fp32 accumulators, gathered rows, row indices) reused across calls,
-// so one instance's calls must be ordered (one stream, or events). Scratch grows with cudaMalloc
-// on first use of a larger shape: run each shape once before capturing a CUDA graph. The row
-// index upload is a cudaMemcpyAsync from pageable host memory; with gathered rows a capture
-// would record the indices of the captured call.
+// Precision (shared/DESIGN.md): x, w, dy, y, dx are bf16; dw is fp32; fp32 accumulation; a
+// bf16 output is rounded exactly once (as a dense GEMM's would be).
+//
+// Contract: forward assigns y; backward assigns dx and dw (either may be null), or adds to dw
+// when accumulate_dw. Shapes: x [M, K], w [K, N], y and dy [M, N], dx [M, K] bf16; dw [K, N]
+// fp32; all contiguous CUDA tensors. row_types has M host entries in [0, q).
+//
+// Streams: every call enqueues on `stream` and, after its first call for a shape, never
+// synchronizes the host. The instance keeps device state reused across calls (tile plans per
+// row-type vector, products scratch), so one instance's calls must be ordered (one stream, or
+// events). A new row-type vector builds and uploads its tile plan (a synchronous copy) on
+// first use.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "algebra/law.h"
 #include "ops/algproj.h"
+#include "ops/algproj_tiles.h"
 #include "quiver/tensor.h"
 
 namespace quiver::cuda {
 
+// One pass's kernel: the products schedule, or the fused kernel with tile shape `config`
+// (an index into the pass's tile table, algproj_fused_launch.h).
+struct AlgKernel {
+  enum class Kind { Products, Fused };
+  Kind kind = Kind::Fused;
+  int config = 0;
+  bool operator==(const AlgKernel&) const = default;
+};
+std::string kernel_name(ops::AlgPass pass, const AlgKernel& k);  // "products", "fused 64x128"
+
 class AlgProj {
  public:
   using Rect = ops::AlgProj::Rect;
+  // Kernels pinned per pass (forward, dX, dW); unset ones are calibrated.
+  struct Kernels {
+    std::optional<AlgKernel> forward, dx, dw;
+  };
 
   AlgProj(algebra::Law law, algebra::GroupWidths widths,
           ops::RowAccess access = ops::RowAccess::InPlace);
@@ -54,10 +86,19 @@ class AlgProj {
   // y = Φ_W(x), assigned.
   void forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y,
                cudaStream_t stream = 0) const;
-  // dx (assigned, bf16) and dw (assigned, fp32) of forward; either may be null.
+  // dx (assigned, bf16) and dw (assigned, or added to when accumulate_dw; fp32) of forward;
+  // either may be null.
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                 const std::vector<int>& row_types, Tensor* dx, Tensor* dw,
-                cudaStream_t stream = 0) const;
+                cudaStream_t stream = 0, bool accumulate_dw = false) const;
+
+  // Every kernel a pass can use (the products schedule first).
+  static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
+  // Whether the fused kernels apply to these widths (every group offset even).
+  bool fused_supported() const { return fused_vec_ > 0; }
+  void set_kernels(const Kernels& pinned) { pinned_ = pinned; }
+  // The kernel a pass used last (for reports).
+  AlgKernel last_kernel(ops::AlgPass pass) const { return last_[static_cast<int>(pass)]; }
 
   // Products per call (as ops::AlgProj): shared rectangles and those of each type.
   size_t shared_products() const { return shared_.size(); }
@@ -83,6 +124,34 @@ class AlgProj {
   std::vector<std::vector<Rect>> per_type_;
   bool shared_cover_all_ = false;  // the shared rectangles tile the whole K×N grid
   mutable Scratch scratch_;
+
+  // A tile plan on the device, for one pass, tile shape and row-type vector.
+  struct DevicePlan {
+    ops::AlgPass pass;
+    int config;
+    std::vector<int> types;
+    Tensor buffer;  // rows, tiles, segments
+    const int32_t* rows = nullptr;
+    const void* tiles = nullptr;
+    const ops::AlgSegment* segments = nullptr;
+    int num_tiles = 0;
+    int64_t rows_per_class = 0;  // smallest class size (for the default choice)
+  };
+  const DevicePlan& plan(ops::AlgPass pass, int config, const std::vector<int>& types) const;
+  AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
+                   const std::function<void(const AlgKernel&)>& run) const;
+  void run_fused(ops::AlgPass pass, int config, const Tensor& a, const Tensor& w, const Tensor* x,
+                 const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream) const;
+  int fused_vec_ = 0;  // copy granularity of the fused kernels (8, 2), 0 when unsupported
+  Kernels pinned_;
+  mutable std::vector<DevicePlan> plans_;  // most recent last
+  struct Choice {
+    ops::AlgPass pass;
+    std::vector<int> types;
+    AlgKernel kernel;
+  };
+  mutable std::vector<Choice> choices_;
+  mutable AlgKernel last_[3];
 };
 
 }  // namespace quiver::cuda

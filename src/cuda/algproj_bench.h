@@ -1,12 +1,18 @@
-// Timing helper: the GPU algebraic projection (cuda::AlgProj, law Q_q, cyclic row types)
-// against one dense cuda::gemm of the same shape, at the SPEC §1.6 expansion shapes with the
-// paper's q* (M = 2048 by default).
+// The algebraic-projection kernel benchmark of SPEC §1.6 on the GPU: cuda::AlgProj (law Q_q,
+// cyclic row types, calibrated kernels) against dense bf16 GEMMs of the same shape.
 //
-// Protocol (simplified from §1.6): bf16 operands and outputs, fp32 accumulation,
-// preallocated outputs; warm runs (no cache flush, no CUDA graph); dense and algebraic trials
-// alternate; each time is one cudaEvent pair around one call, and the row reports medians.
-// Every timed configuration is checked: sampled rows of every type are recomputed on the host
-// in double from the support table (the independent formula of SPEC §1.3).
+// Protocol: bf16 operands and outputs, fp32 accumulation, preallocated outputs. Dense is the
+// faster of cuBLAS (cublasGemmEx) and cuBLASLt (cuda::gemm) for that shape; the algebraic side
+// is calibrated first (algproj.h), and the kernel it picked is reported. Both sides are timed
+// as CUDA-graph replays, in alternating trials, and reported as medians: warm (a graph of
+// `repeat` calls, so each call finds the previous one's data in L2 when it fits) and flushed
+// (one call per replay, after writing a buffer twice the L2 size). Every timed configuration
+// is checked against the independent formula of SPEC §1.3 in double precision on sampled rows
+// (forward, dX) or sampled elements (dW).
+//
+// Floors: max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s), with FLOPs = 2 · (the law's
+// multiply-adds) and bytes = what the pass must move at least: its inputs, its output and
+// the weight blocks the rows' types use (dW writes fp32).
 // Needs a GPU; synchronizes the device (it is a benchmark).
 #pragma once
 #include <cstdint>
@@ -16,20 +22,28 @@
 namespace quiver::cuda {
 
 struct AlgProjBenchOptions {
-  int64_t M = 2048;
-  int runs = 21;   // timed trials of each side (at least 20); medians are reported
-  int warmup = 3;  // untimed calls of each side first
+  std::vector<int64_t> M = {1, 32, 512, 2048};  // every shape; Qwen3-32B also 8192 and 32768
+  std::vector<int> q;                           // empty: SPEC §1.6's grid (4..64, 32B to 256)
+  bool paper_q_only = false;                    // only each shape's q* (Table 1)
+  bool backward = true;     // dX and dW at M = 2048 with q* as well
+  std::string model;        // only shapes whose name contains this ("" = all)
+  int runs = 21;            // alternating trials per side (at least 5)
 };
 
 struct AlgProjBenchRow {
-  std::string model;  // e.g. "Qwen3-8B"
+  std::string model;  // "Qwen3-8B"
+  std::string pass;   // "forward", "dx", "dw"
   int64_t M = 0, K = 0, N = 0;
   int q = 0;
-  double dense_us = 0;     // median of one dense bf16 GEMM [M,K]·[K,N]
-  double alg_us = 0;       // median of one cuda::AlgProj::forward
-  double speedup = 0;      // dense_us / alg_us
-  double rel_error = 0;    // sampled rows vs the double-precision formula
-  bool correct = false;    // rel_error within the bf16 bound (see algproj_bench.cpp)
+  std::string dense_kernel;  // "cublas" or "cublaslt"
+  std::string alg_kernel;    // kernel_name() of the calibrated choice
+  double dense_us = 0, alg_us = 0, speedup = 0;                  // warm medians
+  double dense_flushed_us = 0, alg_flushed_us = 0, speedup_flushed = 0;
+  double floor_us = 0;    // max(FLOPs / peak, bytes / bandwidth)
+  double of_floor = 0;    // alg_us / floor_us
+  double paper_speedup = 0;  // Table 1 (H200 NVL, warm), 0 where the paper has no entry
+  double rel_error = 0;
+  bool correct = false;
 };
 
 std::vector<AlgProjBenchRow> bench_algproj_cuda(const AlgProjBenchOptions& options = {});

@@ -16,4 +16,8 @@ void launch_gather_rows_bf16(const uint16_t* src, int64_t cols, const int64_t* r
 void launch_scatter_add_rows_f32(const float* src, int64_t cols, const int64_t* rows, int64_t m,
                                  float* dst, cudaStream_t stream);
 
+// p[i] = bf16(scale · u_i), u_i uniform in [-√3, √3) (unit variance) from a counter hash of
+// (seed, i): reproducible benchmark inputs filled on the device.
+void launch_fill_hashed_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+
 }  // namespace quiver::cuda::detail

@@ -116,7 +116,7 @@ struct GpuModel::Acts {
   std::vector<int> row_types;
   // Backward scratch shared by the layers.
   Tensor dx, dh, dtmp, dy, da, db, dc, dmixed, dgate, dr, dr_down;
-  Tensor df_gate, df_up, df_act, dw_scratch, lin_workspace, rel_workspace;
+  Tensor df_gate, df_up, df_act, lin_workspace, rel_workspace;
   LayerActs& slot(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
 };
 
@@ -302,7 +302,6 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
     if (swiglu) a->df_gate = mat(N, F);
     a->df_up = mat(N, F);
     a->df_act = mat(N, F);
-    if (ffn_up_proj_) a->dw_scratch = vec(D * F);
     if (cfg_.pattern.find('F') != std::string::npos) {
       const int64_t bytes = flash_relation_backward_workspace_bytes(B, T, H);
       a->rel_workspace = device_empty({std::max<int64_t>(1, (bytes + 7) / 8)}, DType::F64);
@@ -601,10 +600,9 @@ void GpuModel::backward(Acts& A) {
       project_backward(dy, x, w, b, &dx, accumulate ? 1.0f : 0.0f, s);
       return;
     }
-    Tensor dw = A.dw_scratch.slice(0, 0, w.half.numel()).reshape(w.half.shape());
     Tensor target = accumulate ? prefix(A.dtmp, dx.dim(0), dx.dim(1)) : dx;
-    alg->backward(x, w.half, dy, types, &target, &dw, s);
-    detail::launch_add_f32(f32(w.grad), f32(dw), dw.numel(), s);
+    Tensor dw = w.grad.reshape(w.half.shape());
+    alg->backward(x, w.half, dy, types, &target, &dw, s, /*accumulate_dw=*/true);
     if (accumulate) detail::launch_add_bf16(bf16(dx), bf16(target), dx.numel(), s);
   };
 

@@ -103,12 +103,15 @@ algebra::GroupWidths widths_of(const Case& c, int q) {
 
 // Forward, dX and dW of one law / widths / row-type arrangement against the reference;
 // also checks that the GPU class cuts the support exactly as the CPU class.
-void check_case(const Case& c, const std::vector<int>& types, uint64_t seed) {
+// Kernels pinned for every pass (unset: calibrated, the default).
+void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
+                const cuda::AlgProj::Kernels& kernels = {}) {
   SCOPED_TRACE("law " + c.law + ", M " + std::to_string(types.size()));
   const algebra::Law law = algebra::Law::parse(c.law);
   const int q = law.q();
   const algebra::GroupWidths widths = widths_of(c, q);
-  const cuda::AlgProj gpu(law, widths, c.access);
+  cuda::AlgProj gpu(law, widths, c.access);
+  gpu.set_kernels(kernels);
   const ops::AlgProj cpu(law, widths, c.access);
   ASSERT_EQ(gpu.shared_products(), cpu.shared_products());
   for (int a = 0; a < q; ++a) ASSERT_EQ(gpu.type_products(a), cpu.type_products(a));
@@ -151,6 +154,14 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed) {
     EXPECT_LE(rel_error(dxh, dx_ref), bound(N, q, dx_abs, dx_ref, kBf16Unit));
     EXPECT_LE(rel_error(dwh, dw_ref), bound(M, q, dw_abs, dw_ref, kF32Unit));
   }
+  if (kernels.forward) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::Forward), *kernels.forward);
+  if (kernels.dw) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DW), *kernels.dw);
+  // dw accumulates when asked: dw (= the gradient) + the gradient again.
+  gpu.backward(xd, wd, dyd, types, nullptr, &dw, nullptr, true);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Tensor twice = dw_ref.clone();
+  for (int64_t i = 0; i < twice.numel(); ++i) twice.data<double>()[i] *= 2;
+  EXPECT_LE(rel_error(to_host_f64(dw), twice), 2 * bound(M, q, dw_abs, dw_ref, kF32Unit));
 }
 
 const Case kDense{"dense:4"};
@@ -158,8 +169,16 @@ const Case kQ4{"Q4"};
 const Case kQ2xQ2{"Q2xQ2"};
 const Case kGraph{"graph:4:0>1,1>2,2>3"};
 const Case kBlockDiag{"blockdiag:4"};
-// Odd, unequal widths: unaligned group offsets and leading dimensions.
+// Odd, unequal widths: unaligned group offsets and leading dimensions (products only).
 const Case kUnequal{"Q4", {8, 24, 5, 27}, {16, 3, 40, 13}};
+// Even, unequal widths, not multiples of 8: the fused kernels' 4-byte copies.
+const Case kUnequalEven{"Q4", {10, 22, 6, 26}, {18, 4, 42, 8}};
+// Wider than one tile in every dimension, widths multiples of 8 (16-byte copies).
+const Case kWide{"Q4", {}, {}, 288, 544};
+
+using cuda::AlgKernel;
+AlgKernel fused(int config) { return {AlgKernel::Kind::Fused, config}; }
+const AlgKernel kProducts{AlgKernel::Kind::Products, 0};
 
 }  // namespace
 
@@ -265,4 +284,60 @@ TEST(GpuAlgProj, BackwardOptionalOutputs) {
   gpu.backward(xd, wd, dyd, types, nullptr, &dw);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_LE(rel_error(to_host_f64(dw), dw_ref), 1.0 / 4096);
+}
+
+TEST(GpuAlgProj, EveryFusedTileShapeEveryPass) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Each row-pass tile shape for forward and dX, each dW tile shape, over laws, widths (16-
+  // and 4-byte copies), row arrangements (strided, contiguous, arbitrary, decode rows), and
+  // row counts that leave partial tiles.
+  const int row_configs = static_cast<int>(cuda::AlgProj::kernel_candidates(ops::AlgPass::Forward).size()) - 1;
+  const int dw_configs = static_cast<int>(cuda::AlgProj::kernel_candidates(ops::AlgPass::DW).size()) - 1;
+  ASSERT_GE(row_configs, 2);
+  ASSERT_GE(dw_configs, 2);
+  for (int c = 0; c < row_configs; ++c) {
+    SCOPED_TRACE("tile config " + std::to_string(c));
+    const cuda::AlgProj::Kernels k{fused(c), fused(c), fused(c % dw_configs)};
+    for (const Case* cs : {&kQ4, &kQ2xQ2, &kGraph, &kBlockDiag, &kDense, &kUnequalEven}) {
+      check_case(*cs, make_types(Sched::Cyclic, 37, 4, 3), 101 + c, k);
+      check_case(*cs, make_types(Sched::Random, 37, 4, 5), 111 + c, k);
+      check_case(*cs, {3, 1, 3}, 121 + c, k);
+    }
+    check_case(kWide, make_types(Sched::Interval, 301, 4, 4), 131 + c, k);
+    check_case(kWide, make_types(Sched::Cyclic, 130, 4, 4), 141 + c, k);
+    check_case(kWide, {2}, 151 + c, k);
+  }
+}
+
+TEST(GpuAlgProj, ProductsScheduleWhenPinned) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  const cuda::AlgProj::Kernels k{kProducts, kProducts, kProducts};
+  for (const Case* cs : {&kQ4, &kQ2xQ2, &kUnequalEven, &kWide}) {
+    check_case(*cs, make_types(Sched::Cyclic, 37, 4, 3), 161, k);
+    check_case(*cs, make_types(Sched::Random, 37, 4, 5), 162, k);
+  }
+}
+
+TEST(GpuAlgProj, FusedNeedsEvenWidths) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Odd group widths: calibration only offers the products schedule, and pinning a fused
+  // kernel is an error that says so.
+  cuda::AlgProj odd(algebra::Law::parse("Q4"), widths_of(kUnequal, 4));
+  EXPECT_FALSE(odd.fused_supported());
+  EXPECT_TRUE(cuda::AlgProj(algebra::Law::parse("Q4"), widths_of(kUnequalEven, 4)).fused_supported());
+  check_case(kUnequal, make_types(Sched::Cyclic, 37, 4, 3), 171);
+  odd.set_kernels({fused(0), std::nullopt, std::nullopt});
+  const int64_t M = 8;
+  Tensor x = Tensor::empty({M, odd.K()}, DType::BF16, Device::CUDA);
+  Tensor w = Tensor::empty({odd.K(), odd.N()}, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty({M, odd.N()}, DType::BF16, Device::CUDA);
+  try {
+    odd.forward(x, w, std::vector<int>(M, 0), y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("even group offsets"), std::string::npos) << e.what();
+  }
 }

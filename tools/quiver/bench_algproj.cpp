@@ -30,36 +30,83 @@ struct BenchArgs {
   int reps = 15;
   bool backward = true;
   bool quick = false;
+  // --device cuda (SPEC §1.6 grid)
+  std::string m_list, q_list, model;
+  bool paper_q = false;
 };
 
-// First GPU version: the SPEC §1.6 shapes at M = 2048 with the paper's q*, warm, medians of
-// alternating trials, each configuration checked; no CUDA graphs or cache flushes yet.
+std::vector<int64_t> parse_list(const std::string& text, const char* what) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    QV_CHECK(used == item.size() && !item.empty() && v > 0, "bench algproj: {}: '{}' is not a positive integer",
+             what, item);
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// SPEC §1.6 on the GPU (cuda/algproj_bench.h): the grid, graphs, warm and flushed runs.
 void run_cuda(const BenchArgs& a) {
 #ifdef QUIVER_HAVE_CUDA
   QV_CHECK(cuda::device_count() > 0, "bench algproj --device cuda: no CUDA device found");
   cuda::register_backend();
   cuda::AlgProjBenchOptions options;
-  options.M = a.M == 512 ? 2048 : a.M;
-  options.runs = std::max(21, a.reps);
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (!a.m_list.empty()) options.M = parse_list(a.m_list, "--m-list");
+  for (int64_t q : parse_list(a.q_list, "--q-list")) options.q.push_back(static_cast<int>(q));
+  options.paper_q_only = a.paper_q;
+  options.backward = a.backward;
+  options.model = a.model;
+  options.runs = a.quick ? 5 : std::max(5, a.reps);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array(), table = nlohmann::ordered_json::array();
   for (const cuda::AlgProjBenchRow& r : cuda::bench_algproj_cuda(options)) {
     nlohmann::ordered_json row;
     row["model"] = r.model;
+    row["pass"] = r.pass;
     row["M"] = r.M;
     row["K"] = r.K;
     row["N"] = r.N;
     row["q"] = r.q;
+    row["kernel"] = r.alg_kernel;
+    row["dense"] = r.dense_kernel;
     row["dense_us"] = r.dense_us;
     row["alg_us"] = r.alg_us;
     row["speedup"] = r.speedup;
+    row["paper_speedup"] = r.paper_speedup > 0 ? nlohmann::ordered_json(r.paper_speedup) : nlohmann::ordered_json();
+    row["dense_flushed_us"] = r.dense_flushed_us;
+    row["alg_flushed_us"] = r.alg_flushed_us;
+    row["speedup_flushed"] = r.speedup_flushed;
+    row["floor_us"] = r.floor_us;
+    row["of_floor"] = r.of_floor;
     row["rel_error"] = r.rel_error;
     row["correct"] = r.correct;
     rows.push_back(row);
+    nlohmann::ordered_json t;
+    for (const char* k : {"model", "pass", "M", "q", "kernel", "dense_us", "alg_us", "speedup", "paper_speedup",
+                          "speedup_flushed", "floor_us", "of_floor", "correct"})
+      t[k] = row[k];
+    table.push_back(t);
   }
   std::string machine = fmt::format("{} (GPU), host {}", cuda::device_name(), cpu_description());
-  print_table(rows);
+  print_table(table);
   std::string path = write_results(a.results_dir, "algproj-cuda", machine, rows);
   fmt::print("machine: {}\nresults: {}\n", machine, path);
+  for (const auto& r : rows)
+    QV_CHECK(r["correct"].get<bool>(), "bench algproj: {} {} M={} q={} failed its correctness check (error {})",
+             r["model"].get<std::string>(), r["pass"].get<std::string>(), r["M"].get<int64_t>(), r["q"].get<int>(),
+             r["rel_error"].get<double>());
 #else
   fail("bench algproj --device cuda: this build has no CUDA backend");
 #endif
@@ -164,8 +211,10 @@ void register_bench_algproj(CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "algproj",
-      "Algebraic projection against dense GEMM (OpenBLAS sgemm on the CPU), forward and\n"
-      "backward, with the ideal speedup 1/ρ; trials alternate and medians are reported.");
+      "Algebraic projection against dense GEMM, forward and backward. CPU: OpenBLAS sgemm, with\n"
+      "the ideal speedup 1/ρ. CUDA: the SPEC §1.6 protocol (Qwen3/DeepSeek expansion shapes, Q_q\n"
+      "with cyclic rows, dense = faster of cuBLAS and cuBLASLt, CUDA graphs, warm and L2-flushed,\n"
+      "floors, the paper's Table 1 beside ours). Trials alternate and medians are reported.");
   cmd->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--laws", args->laws, "comma-separated laws")->capture_default_str();
   cmd->add_option("--schedule", args->schedule, "row-type schedule")->capture_default_str();
@@ -174,7 +223,12 @@ void register_bench_algproj(CLI::App& bench) {
   cmd->add_option("-N", args->N, "output features")->capture_default_str();
   cmd->add_option("--reps", args->reps, "timed trials per side")->capture_default_str();
   cmd->add_flag("!--no-backward", args->backward, "time the forward only");
-  cmd->add_flag("--quick", args->quick, "3 trials (smoke run)");
+  cmd->add_flag("--quick", args->quick, "3 trials (smoke run; 5 on the GPU)");
+  cmd->add_option("--m-list", args->m_list, "cuda: rows M, comma-separated (default 1,32,512,2048; Qwen3-32B adds "
+                                            "8192,32768)");
+  cmd->add_option("--q-list", args->q_list, "cuda: q values (default 4..64, Qwen3-32B to 256)");
+  cmd->add_flag("--paper-q", args->paper_q, "cuda: only each shape's q* of the paper's Table 1");
+  cmd->add_option("--model", args->model, "cuda: only shapes whose name contains this");
   cmd->add_option("--results-dir", args->results_dir, "where results are written")
       ->capture_default_str();
   cmd->callback([args] { run(*args); });

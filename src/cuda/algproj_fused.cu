@@ -1,0 +1,350 @@
+// Fused algebraic-projection kernels (algproj_fused_launch.h): the row pass (forward and dX)
+// and the weight pass (dW) over the tile plans of ops/algproj_tiles.h.
+//
+// Row pass, one block per tile: the tile's rows are gathered through the plan's row list (a
+// type's rows may be strided, contiguous or arbitrary: the copy addresses each row anyway),
+// and the reduction walks the tile's segments in chunks of kChunk columns, so both endpoint
+// products of a Q_q row (x_α W_αδ and x_δ W_δδ) are accumulated in registers before the one
+// bf16 rounding of the output. The weight chunk is [kChunk, cols] of W (forward, stored
+// k-major: B fragments by ldmatrix.trans) or [cols, kChunk] of W's rows (dX, where the
+// reduction runs along W's columns: B fragments by plain ldmatrix).
+//
+// Weight pass, one block per dW tile: A = xᵀ (x rows stored m-major, A fragments by
+// ldmatrix.trans), B = dy rows; the reduction walks the tile's row list in chunks of kChunk
+// rows.
+//
+// Warps split the block's output tile in a WM × WN grid; each warp owns a (16·MI) × (8·NI)
+// piece and issues MI·NI mma.sync m16n8k16 per 16 reduction steps. Shared-memory rows are
+// padded by 8 elements so the 8 rows of one ldmatrix fall in distinct banks.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/algproj_fused_launch.h"
+#include "cuda/check.h"
+
+namespace quiver::cuda::detail {
+namespace {
+
+constexpr int kChunk = 32;  // reduction elements per pipeline stage
+constexpr int kStages = 3;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// kBytes (4, 8 or 16) global -> shared; zero-filled (nothing read) when !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "n"(kBytes), "r"(valid ? kBytes : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The warp grid of a block and the mma tiles of one warp.
+template <int BM, int BN, int WM, int WN>
+struct Grid {
+  static constexpr int kThreads = 32 * WM * WN;
+  static constexpr int MI = BM / WM / 16, NI = BN / WN / 8;
+  static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0,
+                "warp tile must be whole m16 × (pairs of n8) tiles");
+};
+
+// One kChunk-deep step of the warp's MI × NI tiles: A fragments from a [rows][kChunk + 8]
+// tile (row-major, k contiguous) or, kATrans, from a [kChunk][rows + 8] tile (m-major); B
+// fragments from a [kChunk][cols + 8] tile (kBTrans = false: k-major) or [cols][kChunk + 8].
+template <int MI, int NI, bool kATrans, bool kBTrans, int A_LD, int B_LD>
+__device__ __forceinline__ void mma_chunk(float (&acc)[MI][NI][4], const uint16_t* sA, const uint16_t* sB,
+                                          int warp_row0, int warp_col0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kChunk; kk += 16) {
+    uint32_t a[MI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      const int r0 = warp_row0 + mi * 16;
+      if constexpr (!kATrans)
+        ldmatrix_x4(a[mi], sA + (r0 + (lane & 15)) * A_LD + kk + (lane >> 4) * 8);
+      else
+        ldmatrix_x4_trans(a[mi], sA + (kk + (lane & 7) + (lane >> 4) * 8) * A_LD + r0 + ((lane >> 3) & 1) * 8);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NI; ni += 2) {
+      const int c0 = warp_col0 + ni * 8;
+      uint32_t b[4];
+      if constexpr (!kBTrans)
+        ldmatrix_x4_trans(b, sB + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * B_LD + c0 + (lane >> 4) * 8);
+      else
+        ldmatrix_x4(b, sB + (c0 + (lane & 7) + (lane >> 4) * 8) * B_LD + kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        mma_bf16(acc[mi][ni], a[mi], b[0], b[1]);
+        mma_bf16(acc[mi][ni + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// ---- Row pass -------------------------------------------------------------------------------
+template <int BM, int BN, int WM, int WN, bool kBTrans, int VEC>
+__global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
+    algproj_rows_kernel(const AlgRowArgs p) {
+  using G = Grid<BM, BN, WM, WN>;
+  constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI;
+  constexpr int A_LD = kChunk + 8;
+  constexpr int B_ROWS = kBTrans ? BN : kChunk, B_LD = kBTrans ? kChunk + 8 : BN + 8;
+  constexpr int kAStage = BM * A_LD, kBStage = B_ROWS * B_LD;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* sA = smem;
+  uint16_t* sB = smem + kStages * kAStage;
+  __shared__ int32_t s_rows[BM];
+
+  const ops::AlgRowTile t = p.tiles[blockIdx.x];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < BM; i += kThreads) s_rows[i] = i < t.row_count ? p.rows[t.row_begin + i] : -1;
+  int chunks = 0;
+  for (int s = 0; s < t.seg_count; ++s) chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
+  __syncthreads();
+
+  // The loader walks (segment, offset) one chunk at a time.
+  int load_seg = 0, load_off = 0;
+  ops::AlgSegment seg = t.seg_count > 0 ? p.segments[t.seg_begin] : ops::AlgSegment{0, 0};
+  auto load = [&](int stage) {
+    const int k0 = seg.k0 + load_off, klen = min(kChunk, seg.len - load_off);
+    uint16_t* a_dst = sA + stage * kAStage;
+    for (int i = tid; i < BM * (kChunk / VEC); i += kThreads) {
+      const int r = i / (kChunk / VEC), c = (i % (kChunk / VEC)) * VEC;
+      const int row = s_rows[r];
+      const bool ok = row >= 0 && c < klen;
+      cp_async<2 * VEC>(a_dst + r * A_LD + c, ok ? p.a + row * p.lda + k0 + c : p.a, ok);
+    }
+    uint16_t* b_dst = sB + stage * kBStage;
+    if constexpr (!kBTrans) {
+      for (int i = tid; i < kChunk * (BN / VEC); i += kThreads) {
+        const int kr = i / (BN / VEC), c = (i % (BN / VEC)) * VEC;
+        const bool ok = kr < klen && c < t.ncols;
+        cp_async<2 * VEC>(b_dst + kr * B_LD + c, ok ? p.w + (k0 + kr) * p.ldw + t.col0 + c : p.w, ok);
+      }
+    } else {
+      for (int i = tid; i < BN * (kChunk / VEC); i += kThreads) {
+        const int j = i / (kChunk / VEC), c = (i % (kChunk / VEC)) * VEC;
+        const bool ok = j < t.ncols && c < klen;
+        cp_async<2 * VEC>(b_dst + j * B_LD + c, ok ? p.w + (t.col0 + j) * p.ldw + k0 + c : p.w, ok);
+      }
+    }
+    load_off += kChunk;
+    if (load_off >= seg.len && ++load_seg < t.seg_count) {
+      seg = p.segments[t.seg_begin + load_seg];
+      load_off = 0;
+    }
+  };
+
+  float acc[MI][NI][4] = {};
+  const int warp_row0 = (warp / WN) * (BM / WM), warp_col0 = (warp % WN) * (BN / WN);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < chunks) load(s);
+    cp_async_commit();
+  }
+  for (int c = 0; c < chunks; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (c + kStages - 1 < chunks) load((c + kStages - 1) % kStages);
+    cp_async_commit();
+    const int stage = c % kStages;
+    mma_chunk<MI, NI, false, kBTrans, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage,
+                                                  warp_row0, warp_col0, lane);
+  }
+
+  const int grp = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp_row0 + mi * 16 + grp + h * 8;
+      if (r >= t.row_count) continue;
+      uint16_t* out = p.c + static_cast<int64_t>(s_rows[r]) * p.ldc + t.col0;
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = warp_col0 + ni * 8 + 2 * tig;
+        if (col >= t.ncols) continue;
+        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
+        if (p.accumulate) {
+          const float2 old = __bfloat1622float2(*dst);
+          v0 += old.x;
+          v1 += old.y;
+        }
+        *dst = __floats2bfloat162_rn(v0, v1);
+      }
+    }
+}
+
+// ---- Weight pass ----------------------------------------------------------------------------
+template <int BM, int BN, int WM, int WN, int VEC>
+__global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
+    algproj_weights_kernel(const AlgWeightArgs p) {
+  using G = Grid<BM, BN, WM, WN>;
+  constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI;
+  constexpr int A_LD = BM + 8, B_LD = BN + 8;
+  constexpr int kAStage = kChunk * A_LD, kBStage = kChunk * B_LD;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* sA = smem;
+  uint16_t* sB = smem + kStages * kAStage;
+
+  const ops::AlgWeightTile t = p.tiles[blockIdx.x];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int chunks = (t.list_count + kChunk - 1) / kChunk;
+  const int32_t* list = p.rows + t.list_begin;
+  auto load = [&](int chunk, int stage) {
+    const int m0 = chunk * kChunk;
+    uint16_t* a_dst = sA + stage * kAStage;
+    for (int i = tid; i < kChunk * (BM / VEC); i += kThreads) {
+      const int rr = i / (BM / VEC), c = (i % (BM / VEC)) * VEC;
+      const bool ok = m0 + rr < t.list_count && c < t.nk;
+      cp_async<2 * VEC>(a_dst + rr * A_LD + c, ok ? p.x + static_cast<int64_t>(list[m0 + rr]) * p.ldx + t.k0 + c : p.x,
+                        ok);
+    }
+    uint16_t* b_dst = sB + stage * kBStage;
+    for (int i = tid; i < kChunk * (BN / VEC); i += kThreads) {
+      const int rr = i / (BN / VEC), c = (i % (BN / VEC)) * VEC;
+      const bool ok = m0 + rr < t.list_count && c < t.ncols;
+      cp_async<2 * VEC>(b_dst + rr * B_LD + c,
+                        ok ? p.dy + static_cast<int64_t>(list[m0 + rr]) * p.ldy + t.col0 + c : p.dy, ok);
+    }
+  };
+
+  float acc[MI][NI][4] = {};
+  const int warp_row0 = (warp / WN) * (BM / WM), warp_col0 = (warp % WN) * (BN / WN);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < chunks) load(s, s);
+    cp_async_commit();
+  }
+  for (int c = 0; c < chunks; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (c + kStages - 1 < chunks) load(c + kStages - 1, (c + kStages - 1) % kStages);
+    cp_async_commit();
+    const int stage = c % kStages;
+    mma_chunk<MI, NI, true, false, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage, warp_row0,
+                                               warp_col0, lane);
+  }
+
+  const int grp = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = warp_row0 + mi * 16 + grp + h * 8;
+      if (i >= t.nk) continue;
+      float* out = p.dw + static_cast<int64_t>(t.k0 + i) * p.lddw + t.col0;
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = warp_col0 + ni * 8 + 2 * tig;
+        if (col >= t.ncols) continue;
+        float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        auto* dst = reinterpret_cast<float2*>(out + col);
+        if (p.accumulate) {
+          const float2 old = *dst;
+          v.x += old.x;
+          v.y += old.y;
+        }
+        *dst = v;
+      }
+    }
+}
+
+// Launches `kernel` with its dynamic shared memory (opted in once per kernel).
+template <auto kernel, class Args>
+void launch(int threads, size_t smem, int blocks, const Args& args, cudaStream_t stream) {
+  static const bool opted = [&] {
+    QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return true;
+  }();
+  (void)opted;
+  if (blocks == 0) return;
+  kernel<<<blocks, threads, smem, stream>>>(args);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int BM, int BN, int WM, int WN, int VEC>
+void rows_config(const AlgRowArgs& a, cudaStream_t stream) {
+  constexpr int threads = Grid<BM, BN, WM, WN>::kThreads;
+  const size_t a_bytes = size_t(kStages) * BM * (kChunk + 8) * 2;
+  if (a.w_transposed)
+    launch<algproj_rows_kernel<BM, BN, WM, WN, true, VEC>>(threads, a_bytes + size_t(kStages) * BN * (kChunk + 8) * 2,
+           a.num_tiles, a, stream);
+  else
+    launch<algproj_rows_kernel<BM, BN, WM, WN, false, VEC>>(threads, a_bytes + size_t(kStages) * kChunk * (BN + 8) * 2,
+           a.num_tiles, a, stream);
+}
+
+template <int VEC>
+void rows_vec(const AlgRowArgs& a, int config, cudaStream_t stream) {
+  switch (config) {
+    case 0: return rows_config<64, 128, 2, 2, VEC>(a, stream);
+    case 1: return rows_config<128, 128, 4, 2, VEC>(a, stream);
+    case 2: return rows_config<64, 256, 2, 4, VEC>(a, stream);
+    case 3: return rows_config<32, 128, 2, 2, VEC>(a, stream);
+    case 4: return rows_config<16, 128, 1, 4, VEC>(a, stream);
+    case 5: return rows_config<16, 64, 1, 4, VEC>(a, stream);
+  }
+}
+
+template <int BM, int BN, int WM, int WN, int VEC>
+void weights_config(const AlgWeightArgs& a, cudaStream_t stream) {
+  const size_t smem = size_t(kStages) * kChunk * ((BM + 8) + (BN + 8)) * 2;
+  launch<algproj_weights_kernel<BM, BN, WM, WN, VEC>>(Grid<BM, BN, WM, WN>::kThreads, smem, a.num_tiles, a, stream);
+}
+
+template <int VEC>
+void weights_vec(const AlgWeightArgs& a, int config, cudaStream_t stream) {
+  switch (config) {
+    case 0: return weights_config<64, 128, 2, 2, VEC>(a, stream);
+    case 1: return weights_config<128, 128, 4, 2, VEC>(a, stream);
+    case 2: return weights_config<64, 64, 2, 2, VEC>(a, stream);
+  }
+}
+
+}  // namespace
+
+void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream) {
+  if (vec == 8)
+    rows_vec<8>(args, config, stream);
+  else
+    rows_vec<2>(args, config, stream);
+}
+
+void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream) {
+  if (vec == 8)
+    weights_vec<8>(args, config, stream);
+  else
+    weights_vec<2>(args, config, stream);
+}
+
+}  // namespace quiver::cuda::detail

@@ -1,0 +1,60 @@
+// Launchers of the fused algebraic-projection kernels (algproj_fused.cu), raw pointers; the
+// checked entry is cuda::AlgProj (algproj.h), the tile plans come from ops/algproj_tiles.h.
+//
+// Tensor cores: mma.sync m16n8k16 (bf16 operands, fp32 accumulators) fed by ldmatrix from
+// shared memory that cp.async fills three stages deep. Every element of the output is
+// written by one thread of one tile (no atomics, no split reduction), so results are
+// deterministic. `vec` is the copy granularity in elements (8: 16-byte copies, 2: 4-byte
+// copies); every column offset, width and leading dimension of the call must be a multiple
+// of it, and the pointers aligned to 2·vec bytes.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/algproj_tiles.h"
+
+namespace quiver::cuda::detail {
+
+// Row-pass tile shapes (rows × columns of the output per block); index = config.
+struct AlgTileShape {
+  int rows, cols;
+};
+constexpr AlgTileShape kAlgRowTiles[] = {{64, 128}, {128, 128}, {64, 256}, {32, 128}, {16, 128}, {16, 64}};
+constexpr int kAlgRowConfigs = 6;
+// Weight-pass (dW) tile shapes (dW rows × columns per block).
+constexpr AlgTileShape kAlgWeightTiles[] = {{64, 128}, {128, 128}, {64, 64}};
+constexpr int kAlgWeightConfigs = 3;
+
+struct AlgRowArgs {
+  const uint16_t* a;  // [M, lda] bf16: x (forward) or dy (dX)
+  int64_t lda;
+  const uint16_t* w;  // [K, N] bf16, row-major, ldw = N
+  int64_t ldw;
+  bool w_transposed;  // dX: the reduction runs along W's columns, the output along its rows
+  uint16_t* c;        // [M, ldc] bf16 output: c = product (+ c when accumulate)
+  int64_t ldc;
+  bool accumulate;
+  const int32_t* rows;  // device copies of an ops::AlgRowPlan
+  const ops::AlgRowTile* tiles;
+  const ops::AlgSegment* segments;
+  int num_tiles;
+};
+
+struct AlgWeightArgs {
+  const uint16_t* x;  // [M, K] bf16
+  int64_t ldx;
+  const uint16_t* dy;  // [M, N] bf16
+  int64_t ldy;
+  float* dw;  // [K, N] fp32: dw = product (+ dw when accumulate)
+  int64_t lddw;
+  bool accumulate;
+  const int32_t* rows;  // device copies of an ops::AlgWeightPlan
+  const ops::AlgWeightTile* tiles;
+  int num_tiles;
+};
+
+void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream);
+void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);
+
+}  // namespace quiver::cuda::detail
