@@ -170,7 +170,7 @@ AlgProj::AlgProj(Law law, GroupWidths widths, ops::RowAccess access)
   per_type_ = std::move(plan.per_type);
   // The fused kernels copy `vec` elements at a time: every offset (hence every width and the
   // leading dimensions K and N) must be a multiple of it.
-  for (int vec : {8, 2}) {
+  for (int vec : {8, 4, 2}) {
     bool ok = true;
     for (int64_t o : k_off_) ok = ok && o % vec == 0;
     for (int64_t o : n_off_) ok = ok && o % vec == 0;
@@ -271,8 +271,8 @@ const char* pass_name(ops::AlgPass pass) {
   return "?";
 }
 
-detail::AlgTileShape tile_shape(ops::AlgPass pass, int config) {
-  return pass == ops::AlgPass::DW ? detail::kAlgWeightTiles[config] : detail::kAlgRowTiles[config];
+const detail::AlgKernelConfig& kernel_config(ops::AlgPass pass, int config) {
+  return pass == ops::AlgPass::DW ? detail::kAlgWeightConfigs[config] : detail::kAlgRowConfigs[config];
 }
 
 bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (2 * vec) == 0; }
@@ -281,13 +281,13 @@ bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (
 
 std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Products) return "products";
-  const detail::AlgTileShape t = tile_shape(pass, k.config);
-  return "fused " + std::to_string(t.rows) + "x" + std::to_string(t.cols);
+  const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
+  return fmt::format("fused {}x{} k{}x{}", c.rows, c.cols, c.chunk, c.stages);
 }
 
 std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
   std::vector<AlgKernel> out{{AlgKernel::Kind::Products, 0}};
-  const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigs : detail::kAlgRowConfigs;
+  const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
   for (int c = 0; c < n; ++c) out.push_back({AlgKernel::Kind::Fused, c});
   return out;
 }
@@ -297,7 +297,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const st
     if (plans_[i].pass == pass && plans_[i].config == config && plans_[i].types == types) return plans_[i];
   constexpr size_t kMaxPlans = 24;
   if (plans_.size() >= kMaxPlans) plans_.erase(plans_.begin());  // cudaFree waits for queued work
-  const detail::AlgTileShape t = tile_shape(pass, config);
+  const detail::AlgKernelConfig& t = kernel_config(pass, config);
   DevicePlan d;
   d.pass = pass;
   d.config = config;
@@ -394,7 +394,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     try {
       const std::string kind = v->at("kernel").get<std::string>();
       const int config = v->at("config").get<int>();
-      const int limit = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigs : detail::kAlgRowConfigs;
+      const int limit = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
       if (kind == "products" || (kind == "fused" && config >= 0 && config < limit)) {
         best = {kind == "products" ? AlgKernel::Kind::Products : AlgKernel::Kind::Fused, config};
         known = true;
@@ -414,7 +414,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     int64_t fewest = static_cast<int64_t>(types.size());
     for (int64_t c : count)
       if (c > 0) fewest = std::min(fewest, c);
-    const int config = pass == ops::AlgPass::DW ? 0 : fewest >= 64 ? 0 : fewest >= 32 ? 3 : 4;
+    const int config = pass == ops::AlgPass::DW ? 0 : fewest >= 64 ? 1 : fewest >= 32 ? 6 : 7;
     return {AlgKernel::Kind::Fused, config};  // not remembered: a later call may calibrate
   }
   if (!known) {

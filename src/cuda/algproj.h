@@ -25,7 +25,7 @@
 // the call's own tensors and keeps the fastest in the kernel cache (calibration.h), which
 // later calls and later processes read. Calibration synchronizes the stream once; during a
 // CUDA-graph capture, or with QUIVER_ALGPROJ_CALIBRATE=0, an uncalibrated call uses the
-// default choice (fused with 64 × 128 tiles, 16-row tiles when few rows share a type)
+// default choice (fused 64 × 128 tiles, 32- or 16-row tiles when few rows share a type)
 // instead. So: run each shape once before capturing a graph.
 //
 // Precision (shared/DESIGN.md): x, w, dy, y, dx are bf16; dw is fp32; fp32 accumulation; a

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cuda/algproj_fused_launch.h"
 #include "cuda/check.h"
@@ -26,8 +27,6 @@
 namespace quiver::cuda::detail {
 namespace {
 
-constexpr int kChunk = 32;  // reduction elements per pipeline stage
-constexpr int kStages = 3;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -66,19 +65,28 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The warp grid of a block and the mma tiles of one warp.
-template <int BM, int BN, int WM, int WN>
-struct Grid {
+// A configuration's constants: the warp grid of a block and the mma tiles of one warp.
+template <int BM_, int BN_, int WM_, int WN_, int kChunk_, int kStages_>
+struct Cfg {
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_;
+  static constexpr int kChunk = kChunk_, kStages = kStages_;
   static constexpr int kThreads = 32 * WM * WN;
   static constexpr int MI = BM / WM / 16, NI = BN / WN / 8;
   static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0 && BM % (16 * WM) == 0 && BN % (8 * WN) == 0,
                 "warp tile must be whole m16 × (pairs of n8) tiles");
+  static_assert(kChunk % 16 == 0 && kStages >= 2, "chunks of whole k16 steps, two stages at least");
 };
+template <const AlgKernelConfig* T, int I>
+using CfgOf = Cfg<T[I].rows, T[I].cols, T[I].warps_m, T[I].warps_n, T[I].chunk, T[I].stages>;
+template <int I>
+using RowCfg = CfgOf<kAlgRowConfigs, I>;
+template <int I>
+using WeightCfg = CfgOf<kAlgWeightConfigs, I>;
 
 // One kChunk-deep step of the warp's MI × NI tiles: A fragments from a [rows][kChunk + 8]
 // tile (row-major, k contiguous) or, kATrans, from a [kChunk][rows + 8] tile (m-major); B
 // fragments from a [kChunk][cols + 8] tile (kBTrans = false: k-major) or [cols][kChunk + 8].
-template <int MI, int NI, bool kATrans, bool kBTrans, int A_LD, int B_LD>
+template <int kChunk, int MI, int NI, bool kATrans, bool kBTrans, int A_LD, int B_LD>
 __device__ __forceinline__ void mma_chunk(float (&acc)[MI][NI][4], const uint16_t* sA, const uint16_t* sB,
                                           int warp_row0, int warp_col0, int lane) {
 #pragma unroll
@@ -110,11 +118,12 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MI][NI][4], const uint16_
 }
 
 // ---- Row pass -------------------------------------------------------------------------------
-template <int BM, int BN, int WM, int WN, bool kBTrans, int VEC>
-__global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
+template <int I, bool kBTrans, int VEC>
+__global__ void __launch_bounds__(RowCfg<I>::kThreads)
     algproj_rows_kernel(const AlgRowArgs p) {
-  using G = Grid<BM, BN, WM, WN>;
-  constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI;
+  using G = RowCfg<I>;
+  constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI, BM = G::BM, BN = G::BN, WM = G::WM, WN = G::WN;
+  constexpr int kChunk = G::kChunk, kStages = G::kStages;
   constexpr int A_LD = kChunk + 8;
   constexpr int B_ROWS = kBTrans ? BN : kChunk, B_LD = kBTrans ? kChunk + 8 : BN + 8;
   constexpr int kAStage = BM * A_LD, kBStage = B_ROWS * B_LD;
@@ -176,7 +185,7 @@ __global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
     if (c + kStages - 1 < chunks) load((c + kStages - 1) % kStages);
     cp_async_commit();
     const int stage = c % kStages;
-    mma_chunk<MI, NI, false, kBTrans, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage,
+    mma_chunk<kChunk, MI, NI, false, kBTrans, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage,
                                                   warp_row0, warp_col0, lane);
   }
 
@@ -205,11 +214,12 @@ __global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
-template <int BM, int BN, int WM, int WN, int VEC>
-__global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
+template <int I, int VEC>
+__global__ void __launch_bounds__(WeightCfg<I>::kThreads)
     algproj_weights_kernel(const AlgWeightArgs p) {
-  using G = Grid<BM, BN, WM, WN>;
-  constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI;
+  using G = WeightCfg<I>;
+  constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI, BM = G::BM, BN = G::BN, WN = G::WN, WM = G::WM;
+  constexpr int kChunk = G::kChunk, kStages = G::kStages;
   constexpr int A_LD = BM + 8, B_LD = BN + 8;
   constexpr int kAStage = kChunk * A_LD, kBStage = kChunk * B_LD;
   extern __shared__ __align__(16) uint16_t smem[];
@@ -251,7 +261,7 @@ __global__ void __launch_bounds__(Grid<BM, BN, WM, WN>::kThreads)
     if (c + kStages - 1 < chunks) load(c + kStages - 1, (c + kStages - 1) % kStages);
     cp_async_commit();
     const int stage = c % kStages;
-    mma_chunk<MI, NI, true, false, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage, warp_row0,
+    mma_chunk<kChunk, MI, NI, true, false, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage, warp_row0,
                                                warp_col0, lane);
   }
 
@@ -292,59 +302,55 @@ void launch(int threads, size_t smem, int blocks, const Args& args, cudaStream_t
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int BM, int BN, int WM, int WN, int VEC>
+template <int I, int VEC>
 void rows_config(const AlgRowArgs& a, cudaStream_t stream) {
-  constexpr int threads = Grid<BM, BN, WM, WN>::kThreads;
-  const size_t a_bytes = size_t(kStages) * BM * (kChunk + 8) * 2;
+  using G = RowCfg<I>;
+  const size_t a_bytes = size_t(G::kStages) * G::BM * (G::kChunk + 8) * 2;
   if (a.w_transposed)
-    launch<algproj_rows_kernel<BM, BN, WM, WN, true, VEC>>(threads, a_bytes + size_t(kStages) * BN * (kChunk + 8) * 2,
-           a.num_tiles, a, stream);
+    launch<algproj_rows_kernel<I, true, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::BN * (G::kChunk + 8) * 2,
+                                             a.num_tiles, a, stream);
   else
-    launch<algproj_rows_kernel<BM, BN, WM, WN, false, VEC>>(threads, a_bytes + size_t(kStages) * kChunk * (BN + 8) * 2,
-           a.num_tiles, a, stream);
+    launch<algproj_rows_kernel<I, false, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::kChunk * (G::BN + 8) * 2,
+                                              a.num_tiles, a, stream);
 }
 
-template <int VEC>
-void rows_vec(const AlgRowArgs& a, int config, cudaStream_t stream) {
-  switch (config) {
-    case 0: return rows_config<64, 128, 2, 2, VEC>(a, stream);
-    case 1: return rows_config<128, 128, 4, 2, VEC>(a, stream);
-    case 2: return rows_config<64, 256, 2, 4, VEC>(a, stream);
-    case 3: return rows_config<32, 128, 2, 2, VEC>(a, stream);
-    case 4: return rows_config<16, 128, 1, 4, VEC>(a, stream);
-    case 5: return rows_config<16, 64, 1, 4, VEC>(a, stream);
-  }
+template <int VEC, int... I>
+void rows_vec(const AlgRowArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  ((config == I ? rows_config<I, VEC>(a, stream) : void()), ...);
 }
 
-template <int BM, int BN, int WM, int WN, int VEC>
+template <int I, int VEC>
 void weights_config(const AlgWeightArgs& a, cudaStream_t stream) {
-  const size_t smem = size_t(kStages) * kChunk * ((BM + 8) + (BN + 8)) * 2;
-  launch<algproj_weights_kernel<BM, BN, WM, WN, VEC>>(Grid<BM, BN, WM, WN>::kThreads, smem, a.num_tiles, a, stream);
+  using G = WeightCfg<I>;
+  const size_t smem = size_t(G::kStages) * G::kChunk * ((G::BM + 8) + (G::BN + 8)) * 2;
+  launch<algproj_weights_kernel<I, VEC>>(G::kThreads, smem, a.num_tiles, a, stream);
 }
 
-template <int VEC>
-void weights_vec(const AlgWeightArgs& a, int config, cudaStream_t stream) {
-  switch (config) {
-    case 0: return weights_config<64, 128, 2, 2, VEC>(a, stream);
-    case 1: return weights_config<128, 128, 4, 2, VEC>(a, stream);
-    case 2: return weights_config<64, 64, 2, 2, VEC>(a, stream);
-  }
+template <int VEC, int... I>
+void weights_vec(const AlgWeightArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  ((config == I ? weights_config<I, VEC>(a, stream) : void()), ...);
 }
 
 }  // namespace
 
 void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream) {
+  const auto configs = std::make_integer_sequence<int, kAlgRowConfigCount>{};
   if (vec == 8)
-    rows_vec<8>(args, config, stream);
+    rows_vec<8>(args, config, stream, configs);
+  else if (vec == 4)
+    rows_vec<4>(args, config, stream, configs);
   else
-    rows_vec<2>(args, config, stream);
+    rows_vec<2>(args, config, stream, configs);
 }
 
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream) {
+  const auto configs = std::make_integer_sequence<int, kAlgWeightConfigCount>{};
   if (vec == 8)
-    weights_vec<8>(args, config, stream);
+    weights_vec<8>(args, config, stream, configs);
+  else if (vec == 4)
+    weights_vec<4>(args, config, stream, configs);
   else
-    weights_vec<2>(args, config, stream);
+    weights_vec<2>(args, config, stream, configs);
 }
 
 }  // namespace quiver::cuda::detail

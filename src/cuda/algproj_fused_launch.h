@@ -4,7 +4,7 @@
 // Tensor cores: mma.sync m16n8k16 (bf16 operands, fp32 accumulators) fed by ldmatrix from
 // shared memory that cp.async fills three stages deep. Every element of the output is
 // written by one thread of one tile (no atomics, no split reduction), so results are
-// deterministic. `vec` is the copy granularity in elements (8: 16-byte copies, 2: 4-byte
+// deterministic. `vec` is the copy granularity in elements (8, 4 or 2: 16-, 8- or 4-byte
 // copies); every column offset, width and leading dimension of the call must be a multiple
 // of it, and the pointers aligned to 2·vec bytes.
 #pragma once
@@ -16,15 +16,25 @@
 
 namespace quiver::cuda::detail {
 
-// Row-pass tile shapes (rows × columns of the output per block); index = config.
-struct AlgTileShape {
-  int rows, cols;
+// Kernel configurations, index = config: the block's output tile (rows × cols), its warp
+// grid (WM × WN warps), the reduction chunk per pipeline stage and the number of stages.
+// Calibration picks among them per shape (algproj.h).
+struct AlgKernelConfig {
+  int rows, cols, warps_m, warps_n, chunk, stages;
 };
-constexpr AlgTileShape kAlgRowTiles[] = {{64, 128}, {128, 128}, {64, 256}, {32, 128}, {16, 128}, {16, 64}};
-constexpr int kAlgRowConfigs = 6;
-// Weight-pass (dW) tile shapes (dW rows × columns per block).
-constexpr AlgTileShape kAlgWeightTiles[] = {{64, 128}, {128, 128}, {64, 64}};
-constexpr int kAlgWeightConfigs = 3;
+// Row pass (forward, dX).
+constexpr AlgKernelConfig kAlgRowConfigs[] = {
+    {64, 128, 2, 2, 32, 3},  {64, 128, 2, 2, 32, 6},  {64, 128, 2, 2, 64, 4}, {128, 128, 4, 2, 32, 4},
+    {64, 256, 2, 4, 32, 4},  {128, 256, 4, 4, 32, 3}, {32, 128, 2, 2, 32, 6}, {16, 128, 1, 4, 32, 8},
+    {16, 64, 1, 4, 32, 8},
+};
+constexpr int kAlgRowConfigCount = sizeof(kAlgRowConfigs) / sizeof(kAlgRowConfigs[0]);
+// Weight pass (dW): tile = dW rows × dW columns, the chunk runs over token rows.
+constexpr AlgKernelConfig kAlgWeightConfigs[] = {
+    {64, 128, 2, 2, 32, 3}, {128, 128, 4, 2, 32, 3}, {64, 64, 2, 2, 32, 3}, {128, 128, 4, 2, 32, 6},
+    {64, 128, 2, 2, 64, 4},
+};
+constexpr int kAlgWeightConfigCount = sizeof(kAlgWeightConfigs) / sizeof(kAlgWeightConfigs[0]);
 
 struct AlgRowArgs {
   const uint16_t* a;  // [M, lda] bf16: x (forward) or dy (dX)
