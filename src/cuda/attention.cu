@@ -21,7 +21,7 @@ static_assert(kAttentionTile == flash::kTile, "the mixer's tile is the launchers
 // ---- Score rule -----------------------------------------------------------------------------
 // The score rule of softmax attention: logit = scale · (q·k), keys visible causally (j <= p),
 // no Self entry; the statistic is lse_p = ln Σ_j exp(logit) (natural units). log2(e) is folded
-// into the scale, so the exponentials are exp2f.
+// into the scale, so the exponentials are base 2.
 struct CausalSoftmaxRule {
   static constexpr bool kSelf = false;
   float scale;       // 1 / sqrt(Dh): d logit / d dot in natural units
@@ -39,7 +39,7 @@ struct CausalSoftmaxRule {
   // P = exp(logit − lse), dS = P (dP − D).
   __device__ __forceinline__ flash::ScoreGrad grad(float dot, float norm2, float dprob,
                                                    float delta) const {
-    const float prob = exp2f(logit(dot) - norm2);
+    const float prob = flash::exp2_approx(logit(dot) - norm2);
     return {prob, prob * (dprob - delta)};
   }
 };

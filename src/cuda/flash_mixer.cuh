@@ -132,6 +132,14 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return y;
 }
 
+// 2^x by the special-function unit alone (one MUFU.EX2; exp2f adds a rescaling for subnormal
+// results, which the weights never need: below 2^-126 they flush to 0). 2^-inf = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two floats as a bf16 pair (round to nearest even), `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -422,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
       // m_new = -inf: the row has seen no visible key yet (possible for rules with a strict
       // mask); exp2(-inf - 0) = 0 keeps the state at zero without NaN.
       base[half] = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m[half] - base[half]);
+      const float alpha = exp2_approx(m[half] - base[half]);
       m[half] = m_new;
       l[half] *= alpha;
 #pragma unroll
@@ -435,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
     for (int nt = 0; nt < kKeyTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pr = exp2f(s[nt][e] - base[e / 2]);
+        const float pr = exp2_approx(s[nt][e] - base[e / 2]);
         s[nt][e] = pr;
         l[e / 2] += pr;
       }

@@ -68,6 +68,7 @@ struct RelationScoreRule {
   float scale;            // 1 / sqrt(Dh): dU / d dot
   float half_scale;       // scale / 2: the tanh argument U/2
   float half_scale_log2;  // scale · log2(e) / 2
+  float quarter_scale;    // scale / 4
   float inv_tau;          // 1 / τ_S
   bool exchange_only;
   const float* lambda;     // one F32 (device)
@@ -101,15 +102,16 @@ struct RelationScoreRule {
   __device__ __forceinline__ float row_norm2(int64_t r) const {
     return work.norm[r] * flash::kLog2e;
   }
-  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), SiLU'(u) = σ(u) (1 + u (1 − σ(u))).
+  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), with t = tanh(U/2):
+  // SiLU'(U) = σ(U) (1 + U (1 − σ(U))) = (1 + t) / 2 + (U / 4) (1 − t²).
   __device__ __forceinline__ flash::ScoreGrad grad(float dot, float norm2, float dprob,
                                                    float delta) const {
     const float th = flash::tanh_approx(dot * half_scale);
     const float x = dot * half_scale_log2;
-    const float prob = exp2f(fmaf(x, th, x) - norm2);
-    const float sg = fmaf(0.5f, th, 0.5f), u = dot * scale;
-    const float silu_grad = sg * fmaf(u, 1.0f - sg, 1.0f);
-    return {prob, prob * (dprob - delta) * silu_grad};
+    const float prob = flash::exp2_approx(fmaf(x, th, x - norm2));
+    const float silu_grad =
+        fmaf(dot * quarter_scale, fmaf(-th, th, 1.0f), fmaf(0.5f, th, 0.5f));
+    return {prob, (dprob - delta) * prob * silu_grad};
   }
   // dU_pp = dR_pp S_p (1 − S_p) / τ_S.
   __device__ __forceinline__ float du_self(int64_t r) const {
@@ -128,6 +130,7 @@ RelationScoreRule score_rule(const RelationRule& rule, const float* lambda) {
   s.scale = rule.scale;
   s.half_scale = 0.5f * rule.scale;
   s.half_scale_log2 = 0.5f * rule.scale * flash::kLog2e;
+  s.quarter_scale = 0.25f * rule.scale;
   s.inv_tau = rule.inv_tau;
   s.exchange_only = rule.exchange_only;
   s.lambda = lambda;
