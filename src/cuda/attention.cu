@@ -49,8 +49,6 @@ CausalSoftmaxRule softmax_rule(int64_t Dh) {
   return CausalSoftmaxRule{scale, scale * flash::kLog2e, nullptr, nullptr};
 }
 
-flash::Dims flash_dims(const AttentionDims& d) { return {d.B, d.T, d.Hq, d.Hkv, d.Dh}; }
-
 // ---- Decode -----------------------------------------------------------------------------------
 constexpr int kDecodeThreads = 512;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
@@ -208,7 +206,7 @@ void launch_attention_forward(const AttentionForwardArgs& args, cudaStream_t str
   CausalSoftmaxRule rule = softmax_rule(args.dims.Dh);
   rule.lse_out = args.lse;
   flash::launch_forward<kPadded>(
-      flash::ForwardIo{flash_dims(args.dims), args.q, args.k, args.v, args.y}, rule, stream);
+      flash::ForwardIo{args.dims, args.q, args.k, args.v, args.y}, rule, stream);
 }
 
 template <int kPadded>
@@ -216,7 +214,7 @@ void launch_attention_backward(const AttentionBackwardArgs& args, cudaStream_t s
   CausalSoftmaxRule rule = softmax_rule(args.dims.Dh);
   rule.lse_in = args.lse;
   flash::launch_backward<kPadded>(
-      flash::BackwardIo{flash_dims(args.dims), args.q, args.k, args.v, args.y, args.dy, args.dq,
+      flash::BackwardIo{args.dims, args.q, args.k, args.v, args.y, args.dy, args.dq,
                         args.dk, args.dv},
       rule, stream);
 }

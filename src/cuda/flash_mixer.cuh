@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/attention_launch.h"
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 
@@ -54,11 +55,10 @@ static_assert(kWarps * kWarpRows == kTile, "the warps of a block cover one 64-ro
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-// Sizes of one call: q rows [B, T, Hq, Dh], k and v rows [B, T, Hkv, Dh]; Hq % Hkv == 0 and
-// query head h reads kv head h / (Hq / Hkv).
-struct Dims {
-  int64_t B, T, Hq, Hkv, Dh;
-};
+// Sizes of one call, attention's (attention_launch.h): q rows [B, T, Hq, Dh], k and v rows
+// [B, T, Hkv, Dh]; Hq % Hkv == 0 and query head h reads kv head h / (Hq / Hkv). FlashRelation
+// has Hq = Hkv = H.
+using Dims = AttentionDims;
 
 struct ForwardIo {
   Dims dims;
@@ -188,6 +188,110 @@ __device__ __forceinline__ void load_b_of_cols(uint32_t (&b)[4], const uint16_t*
                            (lane / 16) * 8);
 }
 
+// The A fragment (16 rows x k [16 kk, 16 kk + 16)) of a warp's fp32 accumulators over
+// key / query columns, rounded to bf16: n-tiles 2 kk and 2 kk + 1 of acc.
+template <int kNTiles>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&acc)[kNTiles][4], int kk) {
+  a[0] = pack_bf16(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// acc (16 rows x kNTiles n-tiles of 8) += A · tile[n, k0 .. k0 + 16)^T over the tile's first
+// 8 kNTiles rows: the scores of a warp's rows against a tile of rows. The two-product form
+// interleaves the loads of both (as the backward's S and dP products share their loop).
+template <int kPadded, int kNTiles>
+__device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, int k0) {
+#pragma unroll
+  for (int np = 0; np < kNTiles / 2; ++np) {
+    uint32_t b[4];
+    load_b_of_rows<kPadded>(b, tile, np * 16, k0);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+template <int kPadded, int kNTiles>
+__device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, float (&acc2)[kNTiles][4],
+                                            const uint32_t (&a2)[4], const uint16_t* tile2,
+                                            int k0) {
+#pragma unroll
+  for (int np = 0; np < kNTiles / 2; ++np) {
+    uint32_t b[4], b2[4];
+    load_b_of_rows<kPadded>(b, tile, np * 16, k0);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+    load_b_of_rows<kPadded>(b2, tile2, np * 16, k0);
+    mma_bf16(acc2[2 * np], a2, b2[0], b2[1]);
+    mma_bf16(acc2[2 * np + 1], a2, b2[2], b2[3]);
+  }
+}
+
+// The backward's two score products of a warp's 16 rows over the head width, from zero:
+// acc = A · tile^T and acc2 = A2 · tile2^T, where A, A2 are rows [row0, row0 + 16) of the shared
+// tiles `rows`, `rows2`, held in registers for the whole loop (kHold: held[kc], held2[kc]) or
+// reloaded per call.
+template <int kPadded, bool kHold, int kNTiles>
+__device__ __forceinline__ void two_products(float (&acc)[kNTiles][4],
+                                             const uint32_t (&held)[kHold ? kPadded / 16 : 1][4],
+                                             const uint16_t* rows, const uint16_t* tile,
+                                             float (&acc2)[kNTiles][4],
+                                             const uint32_t (&held2)[kHold ? kPadded / 16 : 1][4],
+                                             const uint16_t* rows2, const uint16_t* tile2,
+                                             int row0) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = acc2[nt][e] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < kPadded / 16; ++kc) {
+    uint32_t a[4], a2[4];
+    if constexpr (kHold) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[i] = held[kc][i];
+        a2[i] = held2[kc][i];
+      }
+    } else {
+      load_a<kPadded>(a, rows, row0, kc * 16);
+      load_a<kPadded>(a2, rows2, row0, kc * 16);
+    }
+    mma_by_rows<kPadded>(acc, a, tile, acc2, a2, tile2, kc * 16);
+  }
+}
+
+// acc (16 rows x kPadded / 8 n-tiles over the head width) += A · tile[k0 .. k0 + 16, :): the
+// weights of a warp's rows times 16 rows of a tile. Two-product form as mma_by_rows.
+template <int kPadded>
+__device__ __forceinline__ void mma_by_cols(float (&acc)[kPadded / 8][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, int k0) {
+#pragma unroll
+  for (int dp = 0; dp < kPadded / 16; ++dp) {
+    uint32_t b[4];
+    load_b_of_cols<kPadded>(b, tile, k0, dp * 16);
+    mma_bf16(acc[2 * dp], a, b[0], b[1]);
+    mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+  }
+}
+template <int kPadded>
+__device__ __forceinline__ void mma_by_cols(float (&acc)[kPadded / 8][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, float (&acc2)[kPadded / 8][4],
+                                            const uint32_t (&a2)[4], const uint16_t* tile2,
+                                            int k0) {
+#pragma unroll
+  for (int dp = 0; dp < kPadded / 16; ++dp) {
+    uint32_t b[4], b2[4];
+    load_b_of_cols<kPadded>(b, tile, k0, dp * 16);
+    mma_bf16(acc[2 * dp], a, b[0], b[1]);
+    mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+    load_b_of_cols<kPadded>(b2, tile2, k0, dp * 16);
+    mma_bf16(acc2[2 * dp], a2, b2[0], b2[1]);
+    mma_bf16(acc2[2 * dp + 1], a2, b2[2], b2[3]);
+  }
+}
+
 // Rows [row0, row0 + kRows) of a bf16 [*, row_stride] array into a shared tile, cols < kPadded;
 // zero where row >= T or col >= Dh. With `vec` (Dh % 8 == 0, so every row is 16-byte aligned)
 // by cp.async in 16-byte pieces (complete after cp_async_wait); otherwise by plain loads and
@@ -211,6 +315,24 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
       tile[r * kRowStride<kPadded> + c] = x;
     }
   }
+}
+
+// The pipeline step of a loop over key tiles kt < n_kt (forward, dQ): start the cp.async loads
+// of key and value tile kt + 1 into the other stage of ks, vs (2 stages of [64, kPadded + 8]),
+// then wait until tile kt's stage is complete and visible to the block.
+template <int kPadded>
+__device__ __forceinline__ void next_key_stage(uint16_t* ks, uint16_t* vs, const uint16_t* kb,
+                                               const uint16_t* vb, int kt, int n_kt, int64_t T,
+                                               int64_t kv_stride, int Dh, bool vec) {
+  constexpr int kStage = kTile * kRowStride<kPadded>;
+  const int next = (kt & 1) ^ 1;
+  if (kt + 1 < n_kt) {
+    load_tile<kTile, kPadded>(ks + next * kStage, kb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded>(vs + next * kStage, vb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
 }
 
 // A warp's 16 rows of fp32 accumulators (kPadded / 8 n-tiles), times `row_scale[half]`, plus
@@ -378,15 +500,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
   const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
-    if (kt + 1 < n_kt) {
-      load_tile<kTile, kPadded>(ks + (stage ^ 1) * kTile * S, kb, (kt + 1) * kTile, T, kv_stride,
-                                Dh, vec);
-      load_tile<kTile, kPadded>(vs + (stage ^ 1) * kTile * S, vb, (kt + 1) * kTile, T, kv_stride,
-                                Dh, vec);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    next_key_stage<kPadded>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
     if (kt == 0) {
 #pragma unroll
       for (int kc = 0; kc < kChunks; ++kc) load_a<kPadded>(qf[kc], qs, wrow, kc * 16);
@@ -398,14 +512,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc)
-#pragma unroll
-      for (int np = 0; np < kKeyTiles / 2; ++np) {
-        uint32_t kf[4];
-        load_b_of_rows<kPadded>(kf, kst, np * 16, kc * 16);
-        mma_bf16(s[2 * np], qf[kc], kf[0], kf[1]);
-        mma_bf16(s[2 * np + 1], qf[kc], kf[2], kf[3]);
-      }
+    for (int kc = 0; kc < kChunks; ++kc) mma_by_rows<kPadded>(s, qf[kc], kst, kc * 16);
 
     const int64_t j0 = static_cast<int64_t>(kt) * kTile;
     const bool diagonal = kt == n_kt - 1;
@@ -450,17 +557,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
 
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < kChunks; ++dp) {
-        uint32_t vf[4];
-        load_b_of_cols<kPadded>(vf, vst, kk * 16, dp * 16);
-        mma_bf16(o[2 * dp], pa, vf[0], vf[1]);
-        mma_bf16(o[2 * dp + 1], pa, vf[2], vf[3]);
-      }
+      uint32_t pa[4];
+      pack_a(pa, s, kk);
+      mma_by_cols<kPadded>(o, pa, vst, kk * 16);
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
@@ -581,34 +680,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // delta_t is complete
 
     float st[kQueryTiles][4], dpt[kQueryTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kQueryTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) {
-      uint32_t ka[4], va[4];
-      if constexpr (kHold) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          ka[i] = kf[kc][i];
-          va[i] = vf[kc][i];
-        }
-      } else {
-        load_a<kPadded>(ka, ks, warp * kWarpRows, kc * 16);
-        load_a<kPadded>(va, vs, warp * kWarpRows, kc * 16);
-      }
-#pragma unroll
-      for (int qp = 0; qp < kBr / 16; ++qp) {
-        uint32_t qb[4], dyb[4];
-        load_b_of_rows<kPadded>(qb, qst, qp * 16, kc * 16);
-        mma_bf16(st[2 * qp], ka, qb[0], qb[1]);
-        mma_bf16(st[2 * qp + 1], ka, qb[2], qb[3]);
-        load_b_of_rows<kPadded>(dyb, dyst, qp * 16, kc * 16);
-        mma_bf16(dpt[2 * qp], va, dyb[0], dyb[1]);
-        mma_bf16(dpt[2 * qp + 1], va, dyb[2], dyb[3]);
-      }
-    }
+    two_products<kPadded, kHold>(st, kf, ks, qst, dpt, vf, vs, dyst, warp * kWarpRows);
 
     const int64_t p0 = tile_of(it);
     const bool masked = p0 < j0 + kTile;  // the query tile reaches into the key tile
@@ -628,24 +700,10 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
-      const uint32_t pa[4] = {pack_bf16(st[2 * kk][0], st[2 * kk][1]),
-                              pack_bf16(st[2 * kk][2], st[2 * kk][3]),
-                              pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                              pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-      const uint32_t dsa[4] = {pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]),
-                               pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
-                               pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                               pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < kChunks; ++dp) {
-        uint32_t yb[4], qb[4];
-        load_b_of_cols<kPadded>(yb, dyst, kk * 16, dp * 16);
-        mma_bf16(dv[2 * dp], pa, yb[0], yb[1]);
-        mma_bf16(dv[2 * dp + 1], pa, yb[2], yb[3]);
-        load_b_of_cols<kPadded>(qb, qst, kk * 16, dp * 16);
-        mma_bf16(dk[2 * dp], dsa, qb[0], qb[1]);
-        mma_bf16(dk[2 * dp + 1], dsa, qb[2], qb[3]);
-      }
+      uint32_t pa[4], dsa[4];
+      pack_a(pa, st, kk);
+      pack_a(dsa, dpt, kk);
+      mma_by_cols<kPadded>(dv, pa, dyst, dk, dsa, qst, kk * 16);
     }
     if (threadIdx.x < kBr) norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -736,15 +794,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   const int n_kt = static_cast<int>(p0 / kTile) + 1;
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
-    if (kt + 1 < n_kt) {
-      load_tile<kTile, kPadded>(ks + (stage ^ 1) * kTile * S, kb, (kt + 1) * kTile, T, kv_stride,
-                                Dh, vec);
-      load_tile<kTile, kPadded>(vs + (stage ^ 1) * kTile * S, vb, (kt + 1) * kTile, T, kv_stride,
-                                Dh, vec);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    next_key_stage<kPadded>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
     if constexpr (kHold) {
       if (kt == 0) {
 #pragma unroll
@@ -758,34 +808,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
     const uint16_t* vst = vs + stage * kTile * S;
 
     float s[kKeyTiles][4], dp[kKeyTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) {
-      uint32_t qa[4], dya[4];
-      if constexpr (kHold) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          qa[i] = qf[kc][i];
-          dya[i] = dyf[kc][i];
-        }
-      } else {
-        load_a<kPadded>(qa, qs, wrow, kc * 16);
-        load_a<kPadded>(dya, dys, wrow, kc * 16);
-      }
-#pragma unroll
-      for (int np = 0; np < kKeyTiles / 2; ++np) {
-        uint32_t kf[4], vf[4];
-        load_b_of_rows<kPadded>(kf, kst, np * 16, kc * 16);
-        mma_bf16(s[2 * np], qa, kf[0], kf[1]);
-        mma_bf16(s[2 * np + 1], qa, kf[2], kf[3]);
-        load_b_of_rows<kPadded>(vf, vst, np * 16, kc * 16);
-        mma_bf16(dp[2 * np], dya, vf[0], vf[1]);
-        mma_bf16(dp[2 * np + 1], dya, vf[2], vf[3]);
-      }
-    }
+    two_products<kPadded, kHold>(s, qf, qs, kst, dp, dyf, dys, vst, wrow);
 
     const int64_t j0 = static_cast<int64_t>(kt) * kTile;
     const bool diagonal = kt == n_kt - 1;
@@ -804,17 +827,9 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
 
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      const uint32_t dsa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]),
-                               pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                               pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                               pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-      for (int dpair = 0; dpair < kChunks; ++dpair) {
-        uint32_t kf[4];
-        load_b_of_cols<kPadded>(kf, kst, kk * 16, dpair * 16);
-        mma_bf16(dq[2 * dpair], dsa, kf[0], kf[1]);
-        mma_bf16(dq[2 * dpair + 1], dsa, kf[2], kf[3]);
-      }
+      uint32_t dsa[4];
+      pack_a(dsa, dp, kk);
+      mma_by_cols<kPadded>(dq, dsa, kst, kk * 16);
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }

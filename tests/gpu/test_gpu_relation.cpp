@@ -103,23 +103,31 @@ double max_abs_score(const Tensor& p1, const Tensor& p2) {
   return top;
 }
 
-// The bound on the change of dλ when every gate errs by at most
-// gate_error: gate_error · Σ_{b,h,p} log(p+1) |dY_p · w_p − D_p| with w_p = Ĩ_p (0 under
-// exchange-only transport) and D_p = dY_p · y_p.
-double gate_dlambda_bound(const Tensor& y, const Tensor& v, const Tensor& dy, bool exchange_only,
-                          double gate_error) {
-  const int64_t B = y.dim(0), T = y.dim(1), H = y.dim(2), Dh = y.dim(3);
-  const double *yy = y.data<double>(), *vv = v.data<double>(), *g = dy.data<double>();
+// Σ over the rows (b, t, h) of F64 [B, T, H, Dh] tensors shaped as `like` of
+// term(b, t, h, offset of the row's first element).
+template <class Term>
+double sum_over_rows(const Tensor& like, Term term) {
+  const int64_t B = like.dim(0), T = like.dim(1), H = like.dim(2), Dh = like.dim(3);
   double sum = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t row = ((b * T + t) * H + h) * Dh;
-        double x = 0;
-        for (int64_t c = 0; c < Dh; ++c) x += g[row + c] * ((exchange_only ? 0 : vv[row + c]) - yy[row + c]);
-        sum += std::log(double(t + 1)) * std::fabs(x);
-      }
-  return gate_error * sum;
+      for (int64_t h = 0; h < H; ++h) sum += term(b, t, h, ((b * T + t) * H + h) * Dh);
+  return sum;
+}
+
+// The bound on the change of dλ when every gate errs by at most gate_error:
+// gate_error · Σ_{b,h,p} log(p+1) |dY_p · w_p − D_p| with w_p = Ĩ_p (0 under exchange-only
+// transport) and D_p = dY_p · y_p.
+double gate_dlambda_bound(const Tensor& y, const Tensor& v, const Tensor& dy, bool exchange_only,
+                          double gate_error) {
+  const int64_t Dh = y.dim(3);
+  const double *yy = y.data<double>(), *vv = v.data<double>(), *g = dy.data<double>();
+  return gate_error * sum_over_rows(y, [&](int64_t, int64_t t, int64_t, int64_t row) {
+           double x = 0;
+           for (int64_t c = 0; c < Dh; ++c)
+             x += g[row + c] * ((exchange_only ? 0 : vv[row + c]) - yy[row + c]);
+           return std::log(double(t + 1)) * std::fabs(x);
+         });
 }
 
 // A device F32 scalar holding `value`.
@@ -140,20 +148,15 @@ Tensor backward_workspace(int64_t B, int64_t T, int64_t H) {
 // −Σ_{b,h,p} log(p+1) (1 − g_p) dY_p · (y_got − y_ref)_p, with g_p from stats [B, H, T, 3].
 double rounded_y_dlambda_shift(const Tensor& y_got, const Tensor& y_ref, const Tensor& dy,
                                const Tensor& stats) {
-  const int64_t B = y_got.dim(0), T = y_got.dim(1), H = y_got.dim(2), Dh = y_got.dim(3);
+  const int64_t T = y_got.dim(1), H = y_got.dim(2), Dh = y_got.dim(3);
   const double *yg = y_got.data<double>(), *yr = y_ref.data<double>(), *g = dy.data<double>();
   const double* st = stats.data<double>();
-  double shift = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t row = ((b * T + t) * H + h) * Dh;
-        double delta = 0;
-        for (int64_t c = 0; c < Dh; ++c) delta += g[row + c] * (yg[row + c] - yr[row + c]);
-        const double gate = st[((b * H + h) * T + t) * 3 + ops::kRelationGate];
-        shift -= std::log(double(t + 1)) * (1 - gate) * delta;
-      }
-  return shift;
+  return -sum_over_rows(y_got, [&](int64_t b, int64_t t, int64_t h, int64_t row) {
+    double delta = 0;
+    for (int64_t c = 0; c < Dh; ++c) delta += g[row + c] * (yg[row + c] - yr[row + c]);
+    const double gate = st[((b * H + h) * T + t) * 3 + ops::kRelationGate];
+    return std::log(double(t + 1)) * (1 - gate) * delta;
+  });
 }
 
 struct Case {
