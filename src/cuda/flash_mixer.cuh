@@ -25,7 +25,7 @@
 //   scale                 d logit / d dot in natural units; dq and dk are scaled by it.
 //   visible(p, j)         a history mask (j <= p or j < p); asked only on tiles that reach the
 //                         diagonal, so every key of an earlier tile must be visible.
-//   logit(dot)            the forward's score in base-2 units (exp2f of it is the weight).
+//   logit(dot)            the forward's score in base-2 units (2^logit is the weight).
 //   finish_row(r, p, m2, l, self_dot, writer) -> RowWeights: after the scan (m2 the base-2
 //                         running max, l the sum of exp2(logit − m2), self_dot = q_p · k_p when
 //                         kSelf), y_p = hist · o_p + self · v_p with o_p the unnormalized
