@@ -44,9 +44,9 @@ void flash_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v,
                             const float* lambda, Tensor& y, Tensor& stats,
                             const RelationKernelOptions& options, cudaStream_t stream = nullptr);
 
-// Bytes of the backward's workspace for inputs [B, T, H, Dh] (independent of Dh): the row
-// terms the flow's normalizer and dR_pp (2 F32 per row), and one double per (b, h, 64-row
-// query tile) for the fixed-order dλ reduction.
+// Bytes of the backward's workspace for inputs [B, T, H, Dh] (independent of Dh): two F32 row
+// terms (the flow's normalizer and dR_pp) per row, and one double per (b, h, 64-row query
+// tile) for the fixed-order dλ reduction.
 int64_t flash_relation_backward_workspace_bytes(int64_t B, int64_t T, int64_t H);
 
 // Backward from the forward's y and stats and the upstream gradient dy (shape of y), SPEC §2.3
