@@ -1,6 +1,7 @@
 """Peer timing of causal attention: PyTorch SDPA forward and forward + backward in bf16 at the
 shapes of quiver's GpuAttentionTiming test (tests/gpu/test_gpu_attention.cpp), so the two tables
-can be compared line by line from one run on one GPU.
+can be compared line by line from one run on one GPU. The first three shapes are also the
+FlashRelation scales of GpuRelationTiming (tests/gpu/test_gpu_relation.cpp): 10M, 30M and 100M.
 
 SDPA takes [B, H, T, Dh]; the FlashAttention backend is forced where it accepts the shape, then
 the memory-efficient backend, then the math backend; the backend that ran is printed. Times are

@@ -16,26 +16,25 @@
 // Each call enqueues its kernels on `stream`, uses no scratch memory and never synchronizes
 // the host.
 //
-// Kernels: one tiled mixer and a score rule. The mixer (attention.cu) owns the tiles, the
-// tensor-core products and the normalization: blocks of 4 warps, 64-row query and key tiles
-// staged in shared memory by cp.async (two stages deep), each warp owning 16 rows of the
-// product it accumulates; mma.sync m16n8k16 with bf16 operands from ldmatrix and fp32
-// accumulators; the online softmax (forward) in registers with exp2f, log2(e)·scale folded into
-// the logit. Head widths are padded to a multiple of 16 (24 -> 32) with zeros. The backward is
-// FlashAttention-2's: dK/dV per key tile looping over the query tiles (and the group's query
-// heads), dQ in a second kernel per query tile looping over the key tiles.
+// Kernels: one tiled mixer and a score rule. The mixer (flash_mixer.cuh, shared with
+// FlashRelation) owns the tiles, the tensor-core products and the normalization: blocks of 4
+// warps, 64-row query and key tiles staged in shared memory by cp.async (two stages deep), each
+// warp owning 16 rows of the product it accumulates; mma.sync m16n8k16 with bf16 operands from
+// ldmatrix and fp32 accumulators; the online softmax (forward) in registers with base-2
+// exponentials, log2(e)·scale folded into the logit. Head widths are padded to a multiple of 16
+// (24 -> 32) with zeros. The backward is FlashAttention-2's: dK/dV per key tile looping over the
+// query tiles (and the group's query heads), dQ in a second kernel per query tile looping over
+// the key tiles.
 //   Precision of the products: q, k, v, dy enter the mma exactly (they are bf16); the
 // probabilities P (forward, dV) and dS (dK, dQ) are rounded to bf16 as mma operands, as in
 // every FlashAttention; the normalizer, lse and D = dy·y stay fp32.
 //
-// A second score rule: the rule is a small device functor (CausalSoftmaxRule in attention.cu)
-// with visible(p, j), logit(dot), probability(dot, lse2) and ds(P, dP, D); the mixer calls it on
-// every score fragment element and asks visible() only on tiles that reach the diagonal (keys of
-// earlier tiles must be visible: a history mask, j <= p or j < p). FlashRelation (SiLU scores
-// over the strict history, a Self term) plugs in as its own functor and a kernel instantiation:
-// visible() = j < p, probability() the SiLU weight of the score, ds() its derivative; its
-// normalization is not the online softmax, so it brings its own row step (the forward's
-// max/rescale block) and applies the Self and count terms around the mixer.
+// The score rule is a small device struct (CausalSoftmaxRule in attention.cu, RelationScoreRule
+// in relation.cu; the interface is documented in flash_mixer.cuh): visibility (a history mask,
+// asked only on tiles that reach the diagonal), the base-2 logit of a dot product, the row's
+// finish after the scan (output weights and statistics), the backward's row normalizer and
+// (P, dS) of a dot, and for rules with a Self entry outside the scan (Relation) the row terms
+// added to dq, dk and dv.
 //
 // Why mma.sync and not wgmma: the kernels are FlashAttention-2-shaped (a warp owns 16 rows and
 // its softmax state), which mma.sync expresses directly and which handles every padded width

@@ -1,76 +1,35 @@
-// FlashRelation kernels (forward, backward, decode) and their launchers; see relation.h for the
-// contract and relation_launch.h for the launcher interface.
+// FlashRelation: the Relation score rule of the tiled mixer (flash_mixer.cuh), the backward's
+// row pass and dλ reduction, the launchers, and the Relation Cache decode kernel; see
+// relation.h for the contract and relation_launch.h for the launcher interface.
 //
-// Layout of the tiled kernels, as the flash attention kernels (attention.cu): a block of 256
-// threads owns one 64-row tile; tile row `row` = threadIdx.x / 4 belongs to the 4 consecutive
-// lanes `quad` = threadIdx.x % 4 of one warp. A thread computes the scores of its row against
-// the columns quad + 4i (i < 16) of the other tile and accumulates the head-width lanes
-// quad + 4i (i < kPadded/4) of its row's output in registers. Row reductions are two shuffles
-// in the quad. Tiles live in shared memory as fp32 with an odd row stride (kPadded + 1), so
-// the rows read together fall in different banks.
-//
-// The score rule of Relation differs from attention's in three places, all handled here:
-// the scan covers the strict history j < p with E = SiLU(U) as the score, the Self entry is
-// applied around the scan (S_p from the row's own p1·p2), and the count term −λ log(p+1)
-// enters only through the gate g_p = sigmoid(L_p − λ log(p+1) − S_p).
+// The tiled kernels are those of the flash attention (p1 in the query role, p2 in the key role,
+// Ĩ in the value role, Hq = Hkv = H) with Relation's rule:
+//   - the scan covers the strict history j < p, with the logit E_pj = SiLU(U_pj),
+//     U = p1·p2 / sqrt(Dh), σ(U) = (1 + tanh(U/2)) / 2 by one tanh.approx (one special-function
+//     result instead of ex2 + rcp);
+//   - after the scan, the row's own p1_p · p2_p (the diagonal key tile is still in shared
+//     memory) gives S_p, and the gate g_p = sigmoid(m + log l − λ log(p+1) − S_p) blends
+//     Y_p = (1 − g_p) Ĩ_p + g_p z/l in the output staging;
+//   - backward: the weights are F_pj = exp(E_pj − norm_p), norm_p = L_p − log g_p, and
+//     dU_pj = F_pj (dY_p · Ĩ_j − D_p) SiLU'(U_pj) with σ recomputed from the dot; the Self
+//     entry adds dU_pp p2_p to dp1_p, dU_jj p1_j to dp2_j and (1 − g_j) dY_j to dĨ_j.
+// A row pass before the tile passes stores norm_p and dR_pp per row and one partial of
+// dλ = Σ_p log(p+1) dR_pp per 64-row tile, summed in a fixed order by one block.
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
+#include "cuda/flash_mixer.cuh"
 #include "cuda/relation_launch.h"
 
 namespace quiver::cuda::detail {
 namespace {
 
-constexpr int kTile = kRelationTile;
-constexpr int kThreads = 256;
-constexpr int kQuad = kThreads / kTile;  // threads per tile row
-constexpr int kCols = kTile / kQuad;     // score columns per thread
-constexpr int kScoreStride = kTile + 1;  // row stride of a [64, 64] fp32 score tile
-constexpr int kStats = 3;                // columns of ops::RelationStat
+static_assert(kRelationTile == flash::kTile, "the mixer's tile is the launchers' tile");
+
+constexpr int kStats = 3;  // columns of ops::RelationStat
 constexpr int kStatLogExchange = 0, kStatSelf = 1, kStatGate = 2;
-
-static_assert(kQuad == 4, "the row reductions below shuffle across 4 lanes");
-
-template <int kPadded>
-constexpr int kStride = kPadded + 1;
-
-// dst[r, d] = row (row0 + r) of a bf16 [T, rows of `row_stride` elements] array at base, as
-// fp32, for r < 64 and d < kPadded; zero where row0 + r >= T or d >= Dh (padding).
-template <int kPadded>
-__device__ void load_tile(float* dst, const uint16_t* base, int64_t row0, int64_t T,
-                          int64_t row_stride, int Dh) {
-  for (int idx = threadIdx.x; idx < kTile * kPadded; idx += kThreads) {
-    const int r = idx / kPadded, d = idx % kPadded;
-    float x = 0.0f;
-    if (row0 + r < T && d < Dh) x = bf16_load(base[(row0 + r) * row_stride + d]);
-    dst[r * kStride<kPadded> + d] = x;
-  }
-}
-
-template <int kPadded>
-__device__ __forceinline__ float dot_row(const float* a, const float* b) {
-  float s = 0.0f;
-#pragma unroll 16
-  for (int d = 0; d < kPadded; ++d) s = fmaf(a[d], b[d], s);
-  return s;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
 
 // expf(-x) overflows to inf for x < -88 and the quotient is then 0: no NaN.
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -79,124 +38,14 @@ __device__ __forceinline__ float log_sigmoid(float x) {
   return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
 }
 
-// dSiLU/du given u and σ(u).
-__device__ __forceinline__ float silu_grad(float u, float sg) {
-  return sg * (1.0f + u * (1.0f - sg));
-}
-
-// Σ_d a[d]·b[d] over d < Dh of two bf16 rows, summed by the quad (all 32 lanes of the warp
-// must call it); 0 when `valid` is false.
-__device__ float quad_dot_bf16(const uint16_t* a, const uint16_t* b, int Dh, int quad, bool valid) {
-  float s = 0.0f;
-  if (valid)
-    for (int d = quad; d < Dh; d += kQuad) s = fmaf(bf16_load(a[d]), bf16_load(b[d]), s);
-  return quad_sum(s);
-}
-
-// Forward. Grid (query tiles, H, B); tiles run heaviest (last) first.
-template <int kPadded>
-__global__ void __launch_bounds__(kThreads) relation_forward_kernel(const RelationForwardArgs a) {
-  constexpr int S = kStride<kPadded>;
-  constexpr int kLanes = kPadded / kQuad;
-  extern __shared__ float smem[];
-  float* qs = smem;            // [64, S] p1 tile
-  float* ks = qs + kTile * S;  // [64, S] p2 tile
-  float* vs = ks + kTile * S;  // [64, S] Ĩ tile
-  float* ps = vs + kTile * S;  // [64, 65] unnormalized weights of the key tile
-
-  const RelationDims& d = a.dims;
-  const int Dh = static_cast<int>(d.Dh);
-  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
-  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int row = threadIdx.x / kQuad, quad = threadIdx.x % kQuad;
-  const int64_t p = p0 + row;
-  const bool row_valid = p < T;
-  const int64_t stride = d.H * Dh, head = (b * T * d.H + h) * Dh;  // row t at head + t * stride
-  const float scale = a.rule.scale;
-
-  load_tile<kPadded>(qs, a.p1 + head, p0, T, stride, Dh);
-
-  float m = -INFINITY, l = 0.0f, acc[kLanes];
-#pragma unroll
-  for (int i = 0; i < kLanes; ++i) acc[i] = 0.0f;
-
-  // The tile's last row sees the keys j < min(p0 + 64, T) − 1.
-  const int64_t key_end = (p0 + kTile < T ? p0 + kTile : T) - 1;
-  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
-    __syncthreads();  // the previous tile's readers of ks, vs, ps are done
-    load_tile<kPadded>(ks, a.p2 + head, j0, T, stride, Dh);
-    load_tile<kPadded>(vs, a.v + head, j0, T, stride, Dh);
-    __syncthreads();
-
-    float s[kCols], tile_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int c = quad + kQuad * i;
-      float x = -INFINITY;
-      if (row_valid && j0 + c < p) {
-        const float u = dot_row<kPadded>(qs + row * S, ks + c * S) * scale;
-        x = u * sigmoid(u);  // E = SiLU(U)
-      }
-      s[i] = x;
-      tile_max = fmaxf(tile_max, x);
-    }
-    const float m_new = fmaxf(m, quad_max(tile_max));
-    // m_new = -inf: no key of the history seen yet (rows at the start of the tile); nothing to
-    // rescale, and exp(-inf - -inf) must not produce NaN.
-    const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m_new);
-      ps[row * kScoreStride + quad + kQuad * i] = e;
-      sum += e;
-    }
-    l = l * alpha + quad_sum(sum);
-    m = m_new;
-    __syncwarp();  // the row's weights, written by its quad, are read by the quad
-
-#pragma unroll
-    for (int i = 0; i < kLanes; ++i) acc[i] *= alpha;
-    for (int c = 0; c < kTile; ++c) {
-      const float pc = ps[row * kScoreStride + c];
-#pragma unroll
-      for (int i = 0; i < kLanes; ++i) acc[i] = fmaf(pc, vs[c * S + quad + kQuad * i], acc[i]);
-    }
-  }
-
-  // Self: S_p = sigmoid(p1_p · p2_p / (sqrt(Dh) τ_S)).
-  const int64_t row_off = head + (row_valid ? p : 0) * stride;
-  const float self_dot = quad_dot_bf16(a.p1 + row_off, a.p2 + row_off, Dh, quad, row_valid);
-  if (!row_valid) return;
-  const float self = sigmoid(self_dot * scale * a.rule.inv_tau);
-  float log_exchange = -INFINITY, gate = 0.0f, w_hist = 0.0f;
-  if (p > 0) {  // p = 0 has no history: g_0 = 0, Y_0 = Ĩ_0 (exchange-only: 0)
-    log_exchange = m + logf(l);
-    const float lambda = *a.lambda;
-    gate = sigmoid(log_exchange - lambda * logf(static_cast<float>(p + 1)) - self);
-    w_hist = gate / l;
-  }
-  const float w_self = a.rule.exchange_only ? 0.0f : 1.0f - gate;
-  const uint16_t* vr = a.v + row_off;
-  uint16_t* yr = a.y + row_off;
-#pragma unroll
-  for (int i = 0; i < kLanes; ++i) {
-    const int dd = quad + kQuad * i;
-    if (dd < Dh) yr[dd] = bf16_round(fmaf(w_self, bf16_load(vr[dd]), w_hist * acc[i]));
-  }
-  if (quad == 0) {
-    float* st = a.stats + ((b * d.H + h) * T + p) * kStats;
-    st[kStatLogExchange] = log_exchange;
-    st[kStatSelf] = self;
-    st[kStatGate] = gate;
-  }
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
 }
 
 // Views of the backward's workspace (relation_launch.h).
 struct BackwardWorkspace {
   double* partials;  // [B, H, tiles] Σ_p log(p+1) dR_pp over the tile's rows
-  float* delta;      // [B, H, T] D_p = dY_p · Y_p
   float* norm;       // [B, H, T] F_pj = exp(E_pj − norm_p) for j < p
   float* dr_self;    // [B, H, T] dR_pp
 };
@@ -206,24 +55,116 @@ BackwardWorkspace backward_workspace(const RelationBackwardArgs& a) {
   const int64_t rows = d.B * d.H * d.T;
   BackwardWorkspace w;
   w.partials = static_cast<double*>(a.workspace);
-  w.delta = reinterpret_cast<float*>(w.partials + relation_backward_partials(d.B, d.T, d.H));
-  w.norm = w.delta + rows;
+  w.norm = reinterpret_cast<float*>(w.partials + relation_backward_partials(d.B, d.T, d.H));
   w.dr_self = w.norm + rows;
   return w;
 }
 
-// Row terms of the backward. Grid (query tiles, H, B). For each row p: D_p, norm_p and the
-// Self entry dR_pp = F_pp (dY_p · w_p − D_p) with F_pp = 1 − g_p and w_p = Ĩ_p (0 under
-// exchange-only transport); the block's Σ log(p+1) dR_pp goes to its slot of the partials.
-__global__ void __launch_bounds__(kThreads)
+// ---- Score rule -----------------------------------------------------------------------------
+// Relation's rule for the mixer (see flash_mixer.cuh for the interface); rows r index
+// [B, H, T] as the statistics and the workspace do.
+struct RelationScoreRule {
+  static constexpr bool kSelf = true;
+  float scale;            // 1 / sqrt(Dh): dU / d dot
+  float half_scale;       // scale / 2: the tanh argument U/2
+  float half_scale_log2;  // scale · log2(e) / 2
+  float quarter_scale;    // scale / 4
+  float inv_tau;          // 1 / τ_S
+  bool exchange_only;
+  const float* lambda;     // one F32 (device)
+  float* stats_out;        // forward: [B, H, T, 3] assigned
+  const float* stats_in;   // backward: the forward's statistics
+  BackwardWorkspace work;  // backward: the row pass's norm_p and dR_pp
+
+  __device__ __forceinline__ bool visible(int64_t p, int64_t j) const { return j < p; }
+  // E · log2(e) = U σ(U) log2(e) = x (1 + tanh(U/2)) with x = U log2(e) / 2.
+  __device__ __forceinline__ float logit(float dot) const {
+    const float x = dot * half_scale_log2;
+    return fmaf(x, flash::tanh_approx(dot * half_scale), x);
+  }
+  __device__ __forceinline__ flash::RowWeights finish_row(int64_t r, int64_t p, float m2, float l,
+                                                          float self_dot, bool writer) const {
+    const float self = sigmoid(self_dot * scale * inv_tau);
+    float log_exchange = -INFINITY, gate = 0.0f, hist = 0.0f;
+    if (p > 0) {  // p = 0 has no history: g_0 = 0, Y_0 = Ĩ_0 (exchange-only: 0)
+      log_exchange = (m2 + log2f(l)) * flash::kLn2;
+      gate = sigmoid(log_exchange - *lambda * logf(static_cast<float>(p + 1)) - self);
+      hist = gate / l;
+    }
+    if (writer) {
+      float* st = stats_out + r * kStats;
+      st[kStatLogExchange] = log_exchange;
+      st[kStatSelf] = self;
+      st[kStatGate] = gate;
+    }
+    return {hist, exchange_only ? 0.0f : 1.0f - gate};
+  }
+  __device__ __forceinline__ float row_norm2(int64_t r) const {
+    return work.norm[r] * flash::kLog2e;
+  }
+  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), with t = tanh(U/2):
+  // SiLU'(U) = σ(U) (1 + U (1 − σ(U))) = (1 + t) / 2 + (U / 4) (1 − t²).
+  __device__ __forceinline__ flash::ScoreGrad grad(float dot, float norm2, float dprob,
+                                                   float delta) const {
+    const float th = flash::tanh_approx(dot * half_scale);
+    const float x = dot * half_scale_log2;
+    const float prob = flash::exp2_approx(fmaf(x, th, x - norm2));
+    const float silu_grad =
+        fmaf(dot * quarter_scale, fmaf(-th, th, 1.0f), fmaf(0.5f, th, 0.5f));
+    return {prob, (dprob - delta) * prob * silu_grad};
+  }
+  // dU_pp = dR_pp S_p (1 − S_p) / τ_S.
+  __device__ __forceinline__ float du_self(int64_t r) const {
+    const float self = stats_in[r * kStats + kStatSelf];
+    return work.dr_self[r] * self * (1.0f - self) * inv_tau;
+  }
+  __device__ __forceinline__ void key_self(int64_t r, float& dk, float& dv) const {
+    dk = du_self(r);
+    dv = exchange_only ? 0.0f : 1.0f - stats_in[r * kStats + kStatGate];
+  }
+  __device__ __forceinline__ float query_self(int64_t r) const { return du_self(r); }
+};
+
+RelationScoreRule score_rule(const RelationRule& rule, const float* lambda) {
+  RelationScoreRule s{};
+  s.scale = rule.scale;
+  s.half_scale = 0.5f * rule.scale;
+  s.half_scale_log2 = 0.5f * rule.scale * flash::kLog2e;
+  s.quarter_scale = 0.25f * rule.scale;
+  s.inv_tau = rule.inv_tau;
+  s.exchange_only = rule.exchange_only;
+  s.lambda = lambda;
+  return s;
+}
+
+flash::Dims flash_dims(const RelationDims& d) { return {d.B, d.T, d.H, d.H, d.Dh}; }
+
+// ---- Backward row pass ------------------------------------------------------------------------
+constexpr int kRowThreads = 256;
+constexpr int kQuad = kRowThreads / kRelationTile;  // threads per row
+
+// Σ_d a[d]·b[d] over d < Dh of two bf16 rows, summed by the quad (all 32 lanes of the warp
+// must call it); 0 when `valid` is false.
+__device__ float quad_dot_bf16(const uint16_t* a, const uint16_t* b, int Dh, int quad, bool valid) {
+  float s = 0.0f;
+  if (valid)
+    for (int d = quad; d < Dh; d += kQuad) s = fmaf(bf16_load(a[d]), bf16_load(b[d]), s);
+  return flash::quad_sum(s);
+}
+
+// Row terms of the backward. Grid (tiles, H, B), 4 threads per row. For each row p: norm_p and
+// the Self entry dR_pp = F_pp (dY_p · w_p − D_p) with F_pp = 1 − g_p, D_p = dY_p · Y_p and
+// w_p = Ĩ_p (0 under exchange-only transport); the block's Σ log(p+1) dR_pp goes to its slot of
+// the partials.
+__global__ void __launch_bounds__(kRowThreads)
     relation_backward_rows_kernel(const RelationBackwardArgs a, const BackwardWorkspace w) {
-  __shared__ double scratch[kThreads / 32];
+  __shared__ double scratch[kRowThreads / 32];
   const RelationDims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
   const int64_t T = d.T;
   const int64_t h = blockIdx.y, b = blockIdx.z;
   const int row = threadIdx.x / kQuad, quad = threadIdx.x % kQuad;
-  const int64_t p = static_cast<int64_t>(blockIdx.x) * kTile + row;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * kRelationTile + row;
   const bool valid = p < T;
   const int64_t stride = d.H * Dh;
   const int64_t row_off = (b * T * d.H + h) * Dh + (valid ? p : 0) * stride;
@@ -239,7 +180,6 @@ __global__ void __launch_bounds__(kThreads)
     float norm = 0.0f;  // unused at p = 0 (no history)
     if (p > 0) norm = log_exchange - log_sigmoid(log_exchange - *a.lambda * log_count - self);
     const float dr_self = (1.0f - gate) * (dself - delta);
-    w.delta[r] = delta;
     w.norm[r] = norm;
     w.dr_self[r] = dr_self;
     part = static_cast<double>(log_count) * dr_self;
@@ -249,191 +189,21 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dλ += Σ of the partials, in index order per thread and a fixed tree across threads.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kRowThreads)
     relation_dlambda_kernel(const double* partials, int64_t n, float* dlambda) {
-  __shared__ double scratch[kThreads / 32];
+  __shared__ double scratch[kRowThreads / 32];
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += partials[i];
+  for (int64_t i = threadIdx.x; i < n; i += kRowThreads) s += partials[i];
   const double total = block_sum_double(s, scratch);
   if (threadIdx.x == 0) *dlambda = static_cast<float>(static_cast<double>(*dlambda) + total);
 }
 
-// The historical entries of one (query p, key j < p) pair: F_pj and dU_pj.
-struct PairGrad {
-  float f, du;
-};
-__device__ __forceinline__ PairGrad pair_grad(float dot_p1p2, float dot_dyv, float scale,
-                                              float norm, float delta) {
-  const float u = dot_p1p2 * scale, sg = sigmoid(u);
-  const float f = expf(u * sg - norm);
-  return {f, f * (dot_dyv - delta) * silu_grad(u, sg)};
+dim3 tile_grid(const RelationDims& d) {
+  return dim3(static_cast<unsigned>(relation_tiles(d.T)), static_cast<unsigned>(d.H),
+              static_cast<unsigned>(d.B));
 }
 
-// dp2, dv. Grid (key tiles, H, B). Thread row = key row c; loops over the query tiles at or
-// after the key tile, so dp2 and dv are summed in a fixed order:
-//   dv_j  = (1 − g_j) dY_j [0 under exchange-only] + Σ_{p>j} F_pj dY_p
-//   dp2_j = scale (dU_jj p1_j + Σ_{p>j} dU_pj p1_p), dU_jj = dR_jj S_j (1 − S_j) / τ_S.
-template <int kPadded>
-__global__ void __launch_bounds__(kThreads)
-    relation_backward_dp2dv_kernel(const RelationBackwardArgs a, const BackwardWorkspace w) {
-  constexpr int S = kStride<kPadded>;
-  constexpr int kLanes = kPadded / kQuad;
-  extern __shared__ float smem[];
-  float* ks = smem;                            // [64, S] p2 tile (fixed)
-  float* vs = ks + kTile * S;                  // [64, S] Ĩ tile (fixed)
-  float* qs = vs + kTile * S;                  // [64, S] p1 tile
-  float* dys = qs + kTile * S;                 // [64, S] dY tile
-  float* ps = dys + kTile * S;                 // [64 keys, 65] F^T
-  float* dus = ps + kTile * kScoreStride;      // [64 keys, 65] dU^T
-  float* norm_s = dus + kTile * kScoreStride;  // [64] norm of the query rows
-  float* delta_s = norm_s + kTile;             // [64] D of the query rows
-
-  const RelationDims& d = a.dims;
-  const int Dh = static_cast<int>(d.Dh);
-  const int64_t T = d.T;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int row = threadIdx.x / kQuad, quad = threadIdx.x % kQuad;
-  const int c = row;
-  const int64_t j = j0 + c;
-  const int64_t stride = d.H * Dh, head = (b * T * d.H + h) * Dh;
-  const int64_t head_rows = (b * d.H + h) * T;  // row t of the workspace and stats
-  const float scale = a.rule.scale;
-
-  load_tile<kPadded>(ks, a.p2 + head, j0, T, stride, Dh);
-  load_tile<kPadded>(vs, a.v + head, j0, T, stride, Dh);
-
-  float dp2[kLanes], dv[kLanes];
-#pragma unroll
-  for (int i = 0; i < kLanes; ++i) dp2[i] = dv[i] = 0.0f;
-
-  // Query rows p <= j0 see none of this tile's keys; the first query tile that matters is the
-  // key tile's own.
-  for (int64_t p0 = j0; p0 < T; p0 += kTile) {
-    __syncthreads();  // the previous query tile's readers are done
-    load_tile<kPadded>(qs, a.p1 + head, p0, T, stride, Dh);
-    load_tile<kPadded>(dys, a.dy + head, p0, T, stride, Dh);
-    if (threadIdx.x < kTile) {
-      const int64_t p = p0 + threadIdx.x;
-      norm_s[threadIdx.x] = p < T ? w.norm[head_rows + p] : 0.0f;
-      delta_s[threadIdx.x] = p < T ? w.delta[head_rows + p] : 0.0f;
-    }
-    __syncthreads();
-
-#pragma unroll 4
-    for (int i = 0; i < kCols; ++i) {
-      const int r = quad + kQuad * i;
-      const int64_t p = p0 + r;
-      PairGrad g{0.0f, 0.0f};
-      if (p < T && j < p)
-        g = pair_grad(dot_row<kPadded>(qs + r * S, ks + c * S),
-                      dot_row<kPadded>(dys + r * S, vs + c * S), scale, norm_s[r], delta_s[r]);
-      ps[c * kScoreStride + r] = g.f;
-      dus[c * kScoreStride + r] = g.du;
-    }
-    __syncwarp();  // row c of F^T and dU^T, written by its quad, is read by the quad
-
-    for (int r = 0; r < kTile; ++r) {
-      const float f = ps[c * kScoreStride + r], du = dus[c * kScoreStride + r];
-#pragma unroll
-      for (int i = 0; i < kLanes; ++i) {
-        dv[i] = fmaf(f, dys[r * S + quad + kQuad * i], dv[i]);
-        dp2[i] = fmaf(du, qs[r * S + quad + kQuad * i], dp2[i]);
-      }
-    }
-  }
-
-  if (j < T) {
-    const float* st = a.stats + (head_rows + j) * kStats;
-    const float self = st[kStatSelf], gate = st[kStatGate];
-    const float du_self = w.dr_self[head_rows + j] * self * (1.0f - self) * a.rule.inv_tau;
-    const float w_self = a.rule.exchange_only ? 0.0f : 1.0f - gate;
-    const int64_t off = head + j * stride;
-#pragma unroll
-    for (int i = 0; i < kLanes; ++i) {
-      const int dd = quad + kQuad * i;
-      if (dd < Dh) {
-        a.dp2[off + dd] = bf16_round(scale * fmaf(du_self, bf16_load(a.p1[off + dd]), dp2[i]));
-        a.dv[off + dd] = bf16_round(fmaf(w_self, bf16_load(a.dy[off + dd]), dv[i]));
-      }
-    }
-  }
-}
-
-// dp1. Grid (query tiles, H, B); tiles run heaviest first.
-//   dp1_p = scale (dU_pp p2_p + Σ_{j<p} dU_pj p2_j).
-template <int kPadded>
-__global__ void __launch_bounds__(kThreads)
-    relation_backward_dp1_kernel(const RelationBackwardArgs a, const BackwardWorkspace w) {
-  constexpr int S = kStride<kPadded>;
-  constexpr int kLanes = kPadded / kQuad;
-  extern __shared__ float smem[];
-  float* qs = smem;             // [64, S] p1 tile (fixed)
-  float* dys = qs + kTile * S;  // [64, S] dY tile (fixed)
-  float* ks = dys + kTile * S;  // [64, S] p2 tile
-  float* vs = ks + kTile * S;   // [64, S] Ĩ tile
-  float* dus = vs + kTile * S;  // [64, 65] dU of the key tile
-
-  const RelationDims& d = a.dims;
-  const int Dh = static_cast<int>(d.Dh);
-  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
-  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int row = threadIdx.x / kQuad, quad = threadIdx.x % kQuad;
-  const int64_t p = p0 + row;
-  const bool row_valid = p < T;
-  const int64_t stride = d.H * Dh, head = (b * T * d.H + h) * Dh;
-  const int64_t head_rows = (b * d.H + h) * T;
-  const float scale = a.rule.scale;
-
-  load_tile<kPadded>(qs, a.p1 + head, p0, T, stride, Dh);
-  load_tile<kPadded>(dys, a.dy + head, p0, T, stride, Dh);
-  const float norm = row_valid ? w.norm[head_rows + p] : 0.0f;
-  const float delta = row_valid ? w.delta[head_rows + p] : 0.0f;
-
-  float dp1[kLanes];
-#pragma unroll
-  for (int i = 0; i < kLanes; ++i) dp1[i] = 0.0f;
-
-  const int64_t key_end = (p0 + kTile < T ? p0 + kTile : T) - 1;
-  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
-    __syncthreads();  // the previous key tile's readers are done (and qs, dys are loaded)
-    load_tile<kPadded>(ks, a.p2 + head, j0, T, stride, Dh);
-    load_tile<kPadded>(vs, a.v + head, j0, T, stride, Dh);
-    __syncthreads();
-
-#pragma unroll 4
-    for (int i = 0; i < kCols; ++i) {
-      const int c = quad + kQuad * i;
-      float du = 0.0f;
-      if (row_valid && j0 + c < p)
-        du = pair_grad(dot_row<kPadded>(qs + row * S, ks + c * S),
-                       dot_row<kPadded>(dys + row * S, vs + c * S), scale, norm, delta)
-                 .du;
-      dus[row * kScoreStride + c] = du;
-    }
-    __syncwarp();
-
-    for (int c = 0; c < kTile; ++c) {
-      const float du = dus[row * kScoreStride + c];
-#pragma unroll
-      for (int i = 0; i < kLanes; ++i) dp1[i] = fmaf(du, ks[c * S + quad + kQuad * i], dp1[i]);
-    }
-  }
-
-  if (row_valid) {
-    const float self = a.stats[(head_rows + p) * kStats + kStatSelf];
-    const float du_self = w.dr_self[head_rows + p] * self * (1.0f - self) * a.rule.inv_tau;
-    const int64_t off = head + p * stride;
-#pragma unroll
-    for (int i = 0; i < kLanes; ++i) {
-      const int dd = quad + kQuad * i;
-      if (dd < Dh)
-        a.dp1[off + dd] = bf16_round(scale * fmaf(du_self, bf16_load(a.p2[off + dd]), dp1[i]));
-    }
-  }
-}
-
+// ---- Decode -----------------------------------------------------------------------------------
 // Decode: one block per (head, sequence); warp w scans the cached rows j ≡ w (mod 8) with its
 // own online-softmax state, lane l holding the channels l + 32i; the warps' states are merged
 // in a fixed order at the end.
@@ -542,44 +312,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
-// Dynamic shared memory of the kernels, in bytes.
-template <int kPadded>
-constexpr size_t forward_smem() {
-  return sizeof(float) * (3 * kTile * kStride<kPadded> + kTile * kScoreStride);
-}
-template <int kPadded>
-constexpr size_t dp2dv_smem() {
-  return sizeof(float) * (4 * kTile * kStride<kPadded> + 2 * kTile * kScoreStride + 2 * kTile);
-}
-template <int kPadded>
-constexpr size_t dp1_smem() {
-  return sizeof(float) * (4 * kTile * kStride<kPadded> + kTile * kScoreStride);
-}
-
-// Above 48 KiB a kernel must opt in to its dynamic shared memory. The attribute is per device,
-// so it is set at every launch (a host-side call: no synchronization, allowed while capturing).
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(bytes)));
-}
-
-dim3 tile_grid(const RelationDims& d) {
-  return dim3(static_cast<unsigned>((d.T + kTile - 1) / kTile), static_cast<unsigned>(d.H),
-              static_cast<unsigned>(d.B));
-}
-
 }  // namespace
 
 template <int kPadded>
 void launch_relation_forward(const RelationForwardArgs& args, cudaStream_t stream) {
-  const RelationDims& d = args.dims;
-  if (d.B == 0 || d.T == 0 || d.H == 0) return;
-  auto kernel = relation_forward_kernel<kPadded>;
-  constexpr size_t smem = forward_smem<kPadded>();
-  allow_smem(kernel, smem);
-  kernel<<<tile_grid(d), kThreads, smem, stream>>>(args);
-  QV_CUDA_CHECK(cudaGetLastError());
+  RelationScoreRule rule = score_rule(args.rule, args.lambda);
+  rule.stats_out = args.stats;
+  flash::launch_forward<kPadded>(
+      flash::ForwardIo{flash_dims(args.dims), args.p1, args.p2, args.v, args.y}, rule, stream);
 }
 
 template <int kPadded>
@@ -587,22 +327,20 @@ void launch_relation_backward(const RelationBackwardArgs& args, cudaStream_t str
   const RelationDims& d = args.dims;
   if (d.B == 0 || d.T == 0 || d.H == 0) return;
   const BackwardWorkspace w = backward_workspace(args);
-  relation_backward_rows_kernel<<<tile_grid(d), kThreads, 0, stream>>>(args, w);
+  relation_backward_rows_kernel<<<tile_grid(d), kRowThreads, 0, stream>>>(args, w);
   QV_CUDA_CHECK(cudaGetLastError());
   if (args.dlambda != nullptr) {
-    relation_dlambda_kernel<<<1, kThreads, 0, stream>>>(
+    relation_dlambda_kernel<<<1, kRowThreads, 0, stream>>>(
         w.partials, relation_backward_partials(d.B, d.T, d.H), args.dlambda);
     QV_CUDA_CHECK(cudaGetLastError());
   }
-  auto dp2dv = relation_backward_dp2dv_kernel<kPadded>;
-  auto dp1 = relation_backward_dp1_kernel<kPadded>;
-  constexpr size_t dp2dv_bytes = dp2dv_smem<kPadded>(), dp1_bytes = dp1_smem<kPadded>();
-  allow_smem(dp2dv, dp2dv_bytes);
-  allow_smem(dp1, dp1_bytes);
-  dp2dv<<<tile_grid(d), kThreads, dp2dv_bytes, stream>>>(args, w);
-  QV_CUDA_CHECK(cudaGetLastError());
-  dp1<<<tile_grid(d), kThreads, dp1_bytes, stream>>>(args, w);
-  QV_CUDA_CHECK(cudaGetLastError());
+  RelationScoreRule rule = score_rule(args.rule, args.lambda);
+  rule.stats_in = args.stats;
+  rule.work = w;
+  flash::launch_backward<kPadded>(
+      flash::BackwardIo{flash_dims(d), args.p1, args.p2, args.v, args.y, args.dy, args.dp1,
+                        args.dp2, args.dv},
+      rule, stream);
 }
 
 void launch_relation_decode(const RelationDecodeArgs& args, cudaStream_t stream) {

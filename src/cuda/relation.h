@@ -13,8 +13,14 @@
 // to a multiple of 16). λ is one F32 in device memory (the layer's, shared by the heads), read
 // only on the device.
 //
-// Precision (shared/DESIGN.md): inputs and outputs bf16, every product and sum in fp32, the
-// statistics in fp32; each bf16 output is rounded once. The math is scalar fp32 on CUDA cores.
+// Precision (shared/DESIGN.md): inputs and outputs bf16, the statistics in fp32; each bf16
+// output is rounded once. The tiled kernels are the flash attention's tensor-core mixer
+// (attention.h, flash_mixer.cuh) with Relation's score rule: p1, p2, Ĩ, dY enter mma.sync
+// exactly (bf16) with fp32 accumulation; the flow weights (forward, dĨ) and dU (dp1, dp2) are
+// rounded to bf16 as mma operands, as in FlashAttention; the online softmax, the gate, D_p and
+// the row terms stay fp32. σ inside SiLU is (1 + tanh(U/2)) / 2 with the hardware tanh.approx
+// (relative error about 2^-11, below the bf16 rounding of the weights), so L_p carries an
+// absolute error up to about 2^-12 · max|U|; S_p and the gate's sigmoid are exact fp32.
 //
 // Contract: every tensor is a contiguous CUDA tensor, preallocated by the caller (no call
 // allocates). Each call enqueues its kernels on `stream`, never synchronizes the host and is
@@ -38,9 +44,9 @@ void flash_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v,
                             const float* lambda, Tensor& y, Tensor& stats,
                             const RelationKernelOptions& options, cudaStream_t stream = nullptr);
 
-// Bytes of the backward's workspace for inputs [B, T, H, Dh] (independent of Dh): the row
-// terms D_p = dY_p · Y_p, the flow's normalizer and dR_pp (3 F32 per row), and one double per
-// (b, h, 64-row query tile) for the fixed-order dλ reduction.
+// Bytes of the backward's workspace for inputs [B, T, H, Dh] (independent of Dh): two F32 row
+// terms (the flow's normalizer and dR_pp) per row, and one double per (b, h, 64-row query
+// tile) for the fixed-order dλ reduction.
 int64_t flash_relation_backward_workspace_bytes(int64_t B, int64_t T, int64_t H);
 
 // Backward from the forward's y and stats and the upstream gradient dy (shape of y), SPEC §2.3

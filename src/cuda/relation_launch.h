@@ -2,8 +2,10 @@
 // pointers, assume the shapes were checked by the entry points (relation.cpp), launch on
 // `stream` and check the launches. bf16 buffers are uint16_t (the bits of quiver::bf16).
 //
-// The tiled kernels are templated on the padded head width kPadded (a multiple of 16, at least
-// Dh): lanes d >= Dh are loaded as zeros and never stored. relation.cpp picks the instantiation.
+// The tiled kernels (the flash mixer of flash_mixer.cuh with Relation's score rule) are
+// templated on the padded head width kPadded (a multiple of 16, at least Dh, the k extent of one
+// bf16 mma): lanes d >= Dh are loaded as zeros and never stored. relation.cpp picks the
+// instantiation.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -70,16 +72,16 @@ inline constexpr int kRelationTile = 64;
 inline constexpr int kRelationPadStep = 16;
 inline constexpr int kRelationMaxHeadDim = 128;
 
-// The backward's workspace: per-(b, h, query tile) partial sums of dλ (double), then three
-// F32 row terms per (b, h, p): D_p = dY_p · Y_p, the log-normalizer of the flow's historical
-// entries norm_p = L_p − log g_p, and the Self entry of dR, dR_pp.
+// The backward's workspace: per-(b, h, query tile) partial sums of dλ (double), then two F32
+// row terms per (b, h, p): the log-normalizer of the flow's historical entries
+// norm_p = L_p − log g_p, and the Self entry of dR, dR_pp.
 inline int64_t relation_tiles(int64_t T) { return (T + kRelationTile - 1) / kRelationTile; }
 inline int64_t relation_backward_partials(int64_t B, int64_t T, int64_t H) {
   return B * H * relation_tiles(T);
 }
 inline int64_t relation_backward_workspace_bytes(int64_t B, int64_t T, int64_t H) {
   return static_cast<int64_t>(sizeof(double)) * relation_backward_partials(B, T, H) +
-         static_cast<int64_t>(sizeof(float)) * 3 * B * H * T;
+         static_cast<int64_t>(sizeof(float)) * 2 * B * H * T;
 }
 
 template <int kPadded>

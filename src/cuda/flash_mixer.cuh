@@ -1,0 +1,914 @@
+// The tiled flash mixer shared by causal attention (attention.cu) and FlashRelation
+// (relation.cu): tile movement, mma fragments, and the forward, dK/dV and dQ kernels, all
+// parametrized by a score rule. Included only by those two .cu files.
+//
+// Tensor-core layout (forward, dK/dV, dQ): a block of 4 warps; tiles of bf16 rows live in shared
+// memory with a row stride of kPadded + 8 elements (an odd number of 16-byte units, so the 8 rows
+// of one ldmatrix fall in different banks) and are filled by cp.async, two stages deep for the
+// tiles the block loops over. Each warp owns 16 rows of the product it accumulates and issues
+// mma.sync m16n8k16 (bf16 operands, fp32 accumulators):
+//   forward  warp = 16 query rows:  S = Q K^T (Q held as A fragments), P = online softmax of the
+//            rule's logits in registers, O += P V (P, rounded to bf16, is the A fragment).
+//   dK/dV    warp = 16 key rows:    S^T = K Q^T, dP^T = V dO^T, dS^T from the rule,
+//            dV += P^T dO, dK += dS^T Q.
+//   dQ       warp = 16 query rows:  S = Q K^T, dP = dO V^T, dS from the rule, dQ += dS K.
+// Fragment conventions of m16n8k16 (lane = 4 * grp + tig): accumulator c0, c1 at (row grp,
+// cols 2 tig, 2 tig + 1), c2, c3 at row grp + 8; A = 4 registers (rows grp / grp + 8, k 2 tig
+// and 2 tig + 8); B = 2 registers (k 2 tig and 2 tig + 8, col grp). A row-major tile gives A
+// fragments by ldmatrix, B fragments of its transpose by ldmatrix, and B fragments of itself by
+// ldmatrix.trans.
+//
+// The score rule (a small device struct passed by value to the kernels) supplies, with
+// r = (b · Hq + h) · T + p the index of query row p of head h in [B, Hq, T] order:
+//   kSelf                 whether the row has a Self entry outside the scan (its own q_p · k_p
+//                         in the forward, row terms in the backward); such rules need Hq = Hkv.
+//   scale                 d logit / d dot in natural units; dq and dk are scaled by it.
+//   visible(p, j)         a history mask (j <= p or j < p); asked only on tiles that reach the
+//                         diagonal, so every key of an earlier tile must be visible.
+//   logit(dot)            the forward's score in base-2 units (2^logit is the weight).
+//   finish_row(r, p, m2, l, self_dot, writer) -> RowWeights: after the scan (m2 the base-2
+//                         running max, l the sum of exp2(logit − m2), self_dot = q_p · k_p when
+//                         kSelf), y_p = hist · o_p + self · v_p with o_p the unnormalized
+//                         Σ exp2(logit − m2) v_j; writes the row's statistics when `writer`.
+//   row_norm2(r)          the backward's base-2 log normalizer of row p: P_pj = exp2(logit − it).
+//   grad(dot, norm2, dP, D) -> ScoreGrad {P, dS}: the weight and d loss / d (dot · scale).
+//   kSelf only: key_self(r, dk, dv) sets the row terms of key row j = p of row r,
+//                         dk_j += dk · q_j (before the scale) and dv_j += dv · dy_j;
+//                         query_self(r) the coefficient of dq_p += it · k_p (before the scale).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention_launch.h"
+#include "cuda/check.h"
+#include "cuda/elementwise_launch.h"
+
+namespace quiver::cuda::detail::flash {
+
+inline constexpr int kTile = 64;  // key rows per tile; query rows per forward / dQ block
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kWarpRows = 16;  // rows of the mma tile a warp owns
+static_assert(kWarps * kWarpRows == kTile, "the warps of a block cover one 64-row tile");
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Sizes of one call, attention's (attention_launch.h): q rows [B, T, Hq, Dh], k and v rows
+// [B, T, Hkv, Dh]; Hq % Hkv == 0 and query head h reads kv head h / (Hq / Hkv). FlashRelation
+// has Hq = Hkv = H.
+using Dims = AttentionDims;
+
+struct ForwardIo {
+  Dims dims;
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  uint16_t* y;  // shape of q
+};
+
+struct BackwardIo {
+  Dims dims;
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint16_t* y;  // the forward's output: D_p = dy_p · y_p
+  const uint16_t* dy;
+  uint16_t* dq;
+  uint16_t* dk;
+  uint16_t* dv;
+};
+
+struct RowWeights {
+  float hist, self;
+};
+
+struct ScoreGrad {
+  float prob, ds;
+};
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; zero-filled (nothing read) when !valid.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a · b for one m16n8k16 tile, bf16 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// tanh by the special-function unit (one MUFU.TANH; PTX ISA: relative error about 2^-11).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 2^x by the special-function unit alone (one MUFU.EX2; exp2f adds a rescaling for subnormal
+// results, which the weights never need: below 2^-126 they flush to 0). 2^-inf = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats as a bf16 pair (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t pair) {
+  return __uint_as_float(pair & 0xffff0000u);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- Tiles in shared memory -----------------------------------------------------------------
+template <int kPadded>
+inline constexpr int kRowStride = kPadded + 8;  // bf16 elements per shared tile row
+
+// A fragment of rows [row0, row0 + 16) x cols [k0, k0 + 16) of a row-major shared tile.
+template <int kPadded>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const uint16_t* tile, int row0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, tile + (row0 + lane % 16) * kRowStride<kPadded> + k0 + (lane / 16) * 8);
+}
+// B fragments of the transpose of rows [n0, n0 + 16) x cols [k0, k0 + 16): b[0], b[1] for the
+// n-tile n0 (rows n0..n0+7), b[2], b[3] for the n-tile n0 + 8.
+template <int kPadded>
+__device__ __forceinline__ void load_b_of_rows(uint32_t (&b)[4], const uint16_t* tile, int n0,
+                                               int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * kRowStride<kPadded> + k0 +
+                     ((lane / 8) % 2) * 8);
+}
+// B fragments of the tile itself, k = rows [k0, k0 + 16), n = cols [n0, n0 + 16): b[0], b[1] for
+// cols n0..n0+7, b[2], b[3] for cols n0+8..n0+15.
+template <int kPadded>
+__device__ __forceinline__ void load_b_of_cols(uint32_t (&b)[4], const uint16_t* tile, int k0,
+                                               int n0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride<kPadded> + n0 +
+                           (lane / 16) * 8);
+}
+
+// The A fragment (16 rows x k [16 kk, 16 kk + 16)) of a warp's fp32 accumulators over
+// key / query columns, rounded to bf16: n-tiles 2 kk and 2 kk + 1 of acc.
+template <int kNTiles>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&acc)[kNTiles][4], int kk) {
+  a[0] = pack_bf16(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// acc (16 rows x kNTiles n-tiles of 8) += A · tile[n, k0 .. k0 + 16)^T over the tile's first
+// 8 kNTiles rows: the scores of a warp's rows against a tile of rows. The two-product form
+// interleaves the loads of both (as the backward's S and dP products share their loop).
+template <int kPadded, int kNTiles>
+__device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, int k0) {
+#pragma unroll
+  for (int np = 0; np < kNTiles / 2; ++np) {
+    uint32_t b[4];
+    load_b_of_rows<kPadded>(b, tile, np * 16, k0);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+template <int kPadded, int kNTiles>
+__device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, float (&acc2)[kNTiles][4],
+                                            const uint32_t (&a2)[4], const uint16_t* tile2,
+                                            int k0) {
+#pragma unroll
+  for (int np = 0; np < kNTiles / 2; ++np) {
+    uint32_t b[4], b2[4];
+    load_b_of_rows<kPadded>(b, tile, np * 16, k0);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+    load_b_of_rows<kPadded>(b2, tile2, np * 16, k0);
+    mma_bf16(acc2[2 * np], a2, b2[0], b2[1]);
+    mma_bf16(acc2[2 * np + 1], a2, b2[2], b2[3]);
+  }
+}
+
+// The backward's two score products of a warp's 16 rows over the head width, from zero:
+// acc = A · tile^T and acc2 = A2 · tile2^T, where A, A2 are rows [row0, row0 + 16) of the shared
+// tiles `rows`, `rows2`, held in registers for the whole loop (kHold: held[kc], held2[kc]) or
+// reloaded per call.
+template <int kPadded, bool kHold, int kNTiles>
+__device__ __forceinline__ void two_products(float (&acc)[kNTiles][4],
+                                             const uint32_t (&held)[kHold ? kPadded / 16 : 1][4],
+                                             const uint16_t* rows, const uint16_t* tile,
+                                             float (&acc2)[kNTiles][4],
+                                             const uint32_t (&held2)[kHold ? kPadded / 16 : 1][4],
+                                             const uint16_t* rows2, const uint16_t* tile2,
+                                             int row0) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = acc2[nt][e] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < kPadded / 16; ++kc) {
+    uint32_t a[4], a2[4];
+    if constexpr (kHold) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[i] = held[kc][i];
+        a2[i] = held2[kc][i];
+      }
+    } else {
+      load_a<kPadded>(a, rows, row0, kc * 16);
+      load_a<kPadded>(a2, rows2, row0, kc * 16);
+    }
+    mma_by_rows<kPadded>(acc, a, tile, acc2, a2, tile2, kc * 16);
+  }
+}
+
+// acc (16 rows x kPadded / 8 n-tiles over the head width) += A · tile[k0 .. k0 + 16, :): the
+// weights of a warp's rows times 16 rows of a tile. Two-product form as mma_by_rows.
+template <int kPadded>
+__device__ __forceinline__ void mma_by_cols(float (&acc)[kPadded / 8][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, int k0) {
+#pragma unroll
+  for (int dp = 0; dp < kPadded / 16; ++dp) {
+    uint32_t b[4];
+    load_b_of_cols<kPadded>(b, tile, k0, dp * 16);
+    mma_bf16(acc[2 * dp], a, b[0], b[1]);
+    mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+  }
+}
+template <int kPadded>
+__device__ __forceinline__ void mma_by_cols(float (&acc)[kPadded / 8][4], const uint32_t (&a)[4],
+                                            const uint16_t* tile, float (&acc2)[kPadded / 8][4],
+                                            const uint32_t (&a2)[4], const uint16_t* tile2,
+                                            int k0) {
+#pragma unroll
+  for (int dp = 0; dp < kPadded / 16; ++dp) {
+    uint32_t b[4], b2[4];
+    load_b_of_cols<kPadded>(b, tile, k0, dp * 16);
+    mma_bf16(acc[2 * dp], a, b[0], b[1]);
+    mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+    load_b_of_cols<kPadded>(b2, tile2, k0, dp * 16);
+    mma_bf16(acc2[2 * dp], a2, b2[0], b2[1]);
+    mma_bf16(acc2[2 * dp + 1], a2, b2[2], b2[3]);
+  }
+}
+
+// Rows [row0, row0 + kRows) of a bf16 [*, row_stride] array into a shared tile, cols < kPadded;
+// zero where row >= T or col >= Dh. With `vec` (Dh % 8 == 0, so every row is 16-byte aligned)
+// by cp.async in 16-byte pieces (complete after cp_async_wait); otherwise by plain loads and
+// stores (complete at the next barrier).
+template <int kRows, int kPadded>
+__device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, int64_t row0,
+                                          int64_t T, int64_t row_stride, int Dh, bool vec) {
+  constexpr int kPieces = kPadded / 8;
+  if (vec) {
+    for (int idx = threadIdx.x; idx < kRows * kPieces; idx += kThreads) {
+      const int r = idx / kPieces, c = (idx % kPieces) * 8;
+      const bool valid = row0 + r < T && c < Dh;
+      const uint16_t* from = valid ? src + (row0 + r) * row_stride + c : src;
+      cp_async_16(tile + r * kRowStride<kPadded> + c, from, valid);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kRows * kPadded; idx += kThreads) {
+      const int r = idx / kPadded, c = idx % kPadded;
+      uint16_t x = 0;
+      if (row0 + r < T && c < Dh) x = src[(row0 + r) * row_stride + c];
+      tile[r * kRowStride<kPadded> + c] = x;
+    }
+  }
+}
+
+// The pipeline step of a loop over key tiles kt < n_kt (forward, dQ): start the cp.async loads
+// of key and value tile kt + 1 into the other stage of ks, vs (2 stages of [64, kPadded + 8]),
+// then wait until tile kt's stage is complete and visible to the block.
+template <int kPadded>
+__device__ __forceinline__ void next_key_stage(uint16_t* ks, uint16_t* vs, const uint16_t* kb,
+                                               const uint16_t* vb, int kt, int n_kt, int64_t T,
+                                               int64_t kv_stride, int Dh, bool vec) {
+  constexpr int kStage = kTile * kRowStride<kPadded>;
+  const int next = (kt & 1) ^ 1;
+  if (kt + 1 < n_kt) {
+    load_tile<kTile, kPadded>(ks + next * kStage, kb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded>(vs + next * kStage, vb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+}
+
+// A warp's 16 rows of fp32 accumulators (kPadded / 8 n-tiles), times `row_scale[half]`, plus
+// `add_scale[half]` times the same rows of the bf16 tile `add` when it is not null, as bf16 into
+// rows [row0, row0 + 16) of a shared tile that only this warp uses (`add` may be that tile).
+template <int kPadded>
+__device__ __forceinline__ void stage_rows(uint16_t* tile, int row0,
+                                           const float (&acc)[kPadded / 8][4],
+                                           const float (&row_scale)[2],
+                                           const uint16_t* add = nullptr,
+                                           const float (&add_scale)[2] = {0.0f, 0.0f}) {
+  const int lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int dt = 0; dt < kPadded / 8; ++dt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row0 + grp + 8 * half, c = dt * 8 + 2 * tig;
+      float lo = acc[dt][2 * half] * row_scale[half], hi = acc[dt][2 * half + 1] * row_scale[half];
+      if (add != nullptr) {
+        const uint32_t pair = *reinterpret_cast<const uint32_t*>(add + r * kRowStride<kPadded> + c);
+        lo = fmaf(add_scale[half], bf16_lo(pair), lo);
+        hi = fmaf(add_scale[half], bf16_hi(pair), hi);
+      }
+      *reinterpret_cast<uint32_t*>(tile + r * kRowStride<kPadded> + c) = pack_bf16(lo, hi);
+    }
+}
+
+// acc (a warp's 16 rows, accumulator layout) += coef[half] · row[half][col] for the bf16 rows
+// `row[half]` of a global array (cols < Dh; null rows add nothing).
+template <int kPadded>
+__device__ __forceinline__ void add_rows(float (&acc)[kPadded / 8][4],
+                                         const uint16_t* const (&row)[2], const float (&coef)[2],
+                                         int Dh) {
+  const int tig = threadIdx.x % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (row[half] == nullptr) continue;
+#pragma unroll
+    for (int dt = 0; dt < kPadded / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = dt * 8 + 2 * tig + e;
+        if (c < Dh) acc[dt][2 * half + e] = fmaf(coef[half], bf16_load(row[half][c]), acc[dt][2 * half + e]);
+      }
+  }
+}
+
+// The warp stores rows [srow0, srow0 + 16) of a shared tile to rows [grow0, grow0 + 16) of a
+// bf16 [*, row_stride] array (row < T, col < Dh only).
+template <int kPadded>
+__device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t T,
+                                           int64_t row_stride, int Dh, bool vec,
+                                           const uint16_t* tile, int srow0) {
+  constexpr int kPieces = kPadded / 8;
+  const int lane = threadIdx.x % 32;
+  for (int idx = lane; idx < kWarpRows * kPieces; idx += 32) {
+    const int r = idx / kPieces, c = (idx % kPieces) * 8;
+    const int64_t row = grow0 + r;
+    if (row >= T || c >= Dh) continue;
+    const uint16_t* from = tile + (srow0 + r) * kRowStride<kPadded> + c;
+    uint16_t* to = dst + row * row_stride + c;
+    if (vec) {
+      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
+    } else {
+      for (int i = 0; i < 8 && c + i < Dh; ++i) to[i] = from[i];
+    }
+  }
+}
+
+// The dot of row r of two shared tiles, split over the 4 lanes of a quad (all 32 lanes of the
+// warp call it; the quad's lanes get the same sum).
+template <int kPadded>
+__device__ __forceinline__ float quad_row_dot(const uint16_t* a, const uint16_t* b, int r) {
+  const int tig = threadIdx.x % 4;
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = 2 * tig; c < kPadded; c += 8) {
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(a + r * kRowStride<kPadded> + c);
+    const uint32_t y = *reinterpret_cast<const uint32_t*>(b + r * kRowStride<kPadded> + c);
+    sum = fmaf(bf16_lo(x), bf16_lo(y), sum);
+    sum = fmaf(bf16_hi(x), bf16_hi(y), sum);
+  }
+  return quad_sum(sum);
+}
+
+// D_r = dy_r · y_r for the kRows rows of two shared tiles, by kThreads / kRows consecutive
+// threads per row reading 8 lanes at a time; written to delta[r] (visible after the next
+// barrier).
+__device__ __forceinline__ float dot8(uint4 x, uint4 y) {
+  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum = fmaf(bf16_lo(xs[i]), bf16_lo(ys[i]), sum);
+    sum = fmaf(bf16_hi(xs[i]), bf16_hi(ys[i]), sum);
+  }
+  return sum;
+}
+template <int kRows, int kPadded>
+__device__ __forceinline__ void tile_delta(float* delta, const uint16_t* dys, const uint16_t* ys) {
+  constexpr int kPerRow = kThreads / kRows;
+  static_assert(kPerRow >= 1 && kPerRow <= 32 && (kPerRow & (kPerRow - 1)) == 0, "row split");
+  const int r = threadIdx.x / kPerRow, part = threadIdx.x % kPerRow;
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = part * 8; c < kPadded; c += kPerRow * 8)
+    sum += dot8(*reinterpret_cast<const uint4*>(dys + r * kRowStride<kPadded> + c),
+                *reinterpret_cast<const uint4*>(ys + r * kRowStride<kPadded> + c));
+#pragma unroll
+  for (int off = kPerRow / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (part == 0) delta[r] = sum;
+}
+
+// A fragments (K, V in dK/dV; Q, dy in dQ) are held in registers for the whole loop up to this
+// width; wider heads reload them from shared memory per tile (the accumulators grow with the
+// width). Measured on the H200: capping the dK/dV kernel at 168 registers (3 blocks per SM,
+// 32-row query tiles) was 4-7% slower than 255 registers and 2 blocks per SM.
+template <int kPadded>
+inline constexpr bool kDkdvHold = kPadded <= 64;
+template <int kPadded>
+inline constexpr bool kDqHold = kPadded <= 64;
+// Query rows per tile of the dK/dV loop (the S^T and dP^T accumulators of a warp are
+// 16 x kDkdvQueryTile each, beside dK and dV of 16 x kPadded).
+template <int kPadded>
+inline constexpr int kDkdvQueryTile = kPadded <= 96 ? 64 : 32;
+
+// ---- Forward ----------------------------------------------------------------------------------
+// Grid (query tiles, Hq, B); tiles run heaviest (last) first.
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, const Rule rule) {
+  constexpr int S = kRowStride<kPadded>;
+  constexpr int kChunks = kPadded / 16;  // k steps over the head width
+  constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
+  constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S]; the output staging at the end
+  uint16_t* ks = qs + kTile * S;                          // 2 stages of [64, S]
+  uint16_t* vs = ks + 2 * kTile * S;                      // 2 stages of [64, S]
+
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
+  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
+  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int wrow = warp * kWarpRows;  // the warp's first row in the tile
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t q_off = (b * T * d.Hq + h) * Dh;  // query row p at q_off + p * q_stride
+  const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
+  const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
+  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
+
+  load_tile<kTile, kPadded>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
+  cp_async_commit();
+  load_tile<kTile, kPadded>(ks, kb, 0, T, kv_stride, Dh, vec);
+  load_tile<kTile, kPadded>(vs, vb, 0, T, kv_stride, Dh, vec);
+  cp_async_commit();
+
+  uint32_t qf[kChunks][4];
+  float o[kDTiles][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+
+  const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    next_key_stage<kPadded>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    if (kt == 0) {
+#pragma unroll
+      for (int kc = 0; kc < kChunks; ++kc) load_a<kPadded>(qf[kc], qs, wrow, kc * 16);
+    }
+    const uint16_t* kst = ks + stage * kTile * S;
+    const uint16_t* vst = vs + stage * kTile * S;
+
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) mma_by_rows<kPadded>(s, qf[kc], kst, kc * 16);
+
+    const int64_t j0 = static_cast<int64_t>(kt) * kTile;
+    const bool diagonal = kt == n_kt - 1;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e / 2;
+        float x = rule.logit(s[nt][e]);
+        if (diagonal) {
+          const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
+          if (!(j < T && rule.visible(row[half], j))) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        tile_max[half] = fmaxf(tile_max[half], x);
+      }
+    float base[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float m_new = fmaxf(m[half], quad_max(tile_max[half]));
+      // m_new = -inf: the row has seen no visible key yet (possible for rules with a strict
+      // mask); exp2(-inf - 0) = 0 keeps the state at zero without NaN.
+      base[half] = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2_approx(m[half] - base[half]);
+      m[half] = m_new;
+      l[half] *= alpha;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o[dt][2 * half] *= alpha;
+        o[dt][2 * half + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = exp2_approx(s[nt][e] - base[e / 2]);
+        s[nt][e] = pr;
+        l[e / 2] += pr;
+      }
+
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+      uint32_t pa[4];
+      pack_a(pa, s, kk);
+      mma_by_cols<kPadded>(o, pa, vst, kk * 16);
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  // The last stage still holds the diagonal key tile: rows p0.. of k and v, the Self rows.
+  const uint16_t* k_diag = ks + ((n_kt - 1) & 1) * kTile * S;
+  const uint16_t* v_diag = vs + ((n_kt - 1) & 1) * kTile * S;
+  float hist[2], self[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l_row = quad_sum(l[half]);
+    float self_dot = 0.0f;
+    if constexpr (Rule::kSelf) self_dot = quad_row_dot<kPadded>(qs, k_diag, wrow + grp + 8 * half);
+    RowWeights w{0.0f, 0.0f};
+    if (row[half] < T)
+      w = rule.finish_row((b * d.Hq + h) * T + row[half], row[half], m[half], l_row, self_dot,
+                          tig == 0);
+    hist[half] = w.hist;
+    self[half] = w.self;
+  }
+  __syncwarp();  // the warp's rows of qs are read (above) before they are staged over
+  stage_rows<kPadded>(qs, wrow, o, hist, Rule::kSelf ? v_diag : nullptr, self);
+  __syncwarp();
+  store_rows<kPadded>(a.y + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
+}
+
+// ---- Backward ---------------------------------------------------------------------------------
+// dK, dV. Grid (key tiles, Hkv, B); the lowest key tiles (the most query tiles) run first.
+// Loops over the group's query heads and the query tiles at or after the key tile, so dk and dv
+// are summed in a fixed order:
+//   (P_pj, dS_pj) = rule.grad(q_p·k_j, norm_p, dy_p·v_j, D_p),
+//   dv_j = Σ_p P_pj dy_p,  dk_j = scale · Σ_p dS_pj q_p (plus the Self row terms).
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(const BackwardIo a, const Rule rule) {
+  constexpr int S = kRowStride<kPadded>;
+  constexpr int kChunks = kPadded / 16;
+  constexpr int kDTiles = kPadded / 8;
+  constexpr int kBr = kDkdvQueryTile<kPadded>;
+  constexpr int kQueryTiles = kBr / 8;  // n-tiles of S^T
+  constexpr bool kHold = kDkdvHold<kPadded>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] key tile; dk staging at the end
+  uint16_t* vs = ks + kTile * S;                          // [64, S] value tile; dv staging
+  uint16_t* qs = vs + kTile * S;                          // 2 stages of [kBr, S] each:
+  uint16_t* dys = qs + 2 * kBr * S;                       //   query, dy and y tiles
+  uint16_t* ys = dys + 2 * kBr * S;
+  float* norm_s = reinterpret_cast<float*>(ys + 2 * kBr * S);  // 2 stages of [kBr], base 2
+  float* delta_s = norm_s + 2 * kBr;                           // 2 stages of [kBr]
+
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, group = d.Hq / d.Hkv;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t g = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
+  const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
+
+  // Iteration `it` covers query head g·group + it / nq and query tile j0 + (it % nq)·kBr:
+  // causal, so the query rows before j0 see none of this tile's keys.
+  const int64_t nq = (T - j0 + kBr - 1) / kBr;
+  const int64_t total = group * nq;
+  auto head_of = [&](int64_t it) { return g * group + it / nq; };
+  auto tile_of = [&](int64_t it) { return j0 + (it % nq) * kBr; };
+  auto issue = [&](int64_t it, int stage) {
+    const int64_t q_off = (b * T * d.Hq + head_of(it)) * Dh, p0 = tile_of(it);
+    load_tile<kBr, kPadded>(qs + stage * kBr * S, a.q + q_off, p0, T, q_stride, Dh, vec);
+    load_tile<kBr, kPadded>(dys + stage * kBr * S, a.dy + q_off, p0, T, q_stride, Dh, vec);
+    load_tile<kBr, kPadded>(ys + stage * kBr * S, a.y + q_off, p0, T, q_stride, Dh, vec);
+  };
+  // The normalizer of query row tile_of(it) + threadIdx.x; +inf past T (so P = 0 there).
+  auto norm_of = [&](int64_t it) {
+    const int64_t p = tile_of(it) + threadIdx.x;
+    return p < T ? rule.row_norm2((b * d.Hq + head_of(it)) * T + p) : INFINITY;
+  };
+
+  load_tile<kTile, kPadded>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
+  load_tile<kTile, kPadded>(vs, a.v + kv_off, j0, T, kv_stride, Dh, vec);
+  cp_async_commit();
+  issue(0, 0);
+  cp_async_commit();
+  if (threadIdx.x < kBr) norm_s[threadIdx.x] = norm_of(0);
+
+  uint32_t kf[kHold ? kChunks : 1][4], vf[kHold ? kChunks : 1][4];
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+
+  for (int64_t it = 0; it < total; ++it) {
+    const int stage = static_cast<int>(it & 1);
+    float norm_next = 0.0f;
+    if (it + 1 < total) {
+      issue(it + 1, stage ^ 1);
+      if (threadIdx.x < kBr) norm_next = norm_of(it + 1);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint16_t* qst = qs + stage * kBr * S;
+    const uint16_t* dyst = dys + stage * kBr * S;
+    const float* norm_t = norm_s + stage * kBr;
+    const float* delta_t = delta_s + stage * kBr;
+    tile_delta<kBr, kPadded>(delta_s + stage * kBr, dyst, ys + stage * kBr * S);
+    if constexpr (kHold) {
+      if (it == 0) {
+#pragma unroll
+        for (int kc = 0; kc < kChunks; ++kc) {
+          load_a<kPadded>(kf[kc], ks, warp * kWarpRows, kc * 16);
+          load_a<kPadded>(vf[kc], vs, warp * kWarpRows, kc * 16);
+        }
+      }
+    }
+    __syncthreads();  // delta_t is complete
+
+    float st[kQueryTiles][4], dpt[kQueryTiles][4];
+    two_products<kPadded, kHold>(st, kf, ks, qst, dpt, vf, vs, dyst, warp * kWarpRows);
+
+    const int64_t p0 = tile_of(it);
+    const bool masked = p0 < j0 + kTile;  // the query tile reaches into the key tile
+#pragma unroll
+    for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nt * 8 + 2 * tig + (e & 1);
+        ScoreGrad sg = rule.grad(st[nt][e], norm_t[c], dpt[nt][e], delta_t[c]);
+        if (masked) {
+          const int64_t p = p0 + c, j = key[e / 2];
+          if (!(j < T && p < T && rule.visible(p, j))) sg = ScoreGrad{0.0f, 0.0f};
+        }
+        st[nt][e] = sg.prob;
+        dpt[nt][e] = sg.ds;
+      }
+
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      uint32_t pa[4], dsa[4];
+      pack_a(pa, st, kk);
+      pack_a(dsa, dpt, kk);
+      mma_by_cols<kPadded>(dv, pa, dyst, dk, dsa, qst, kk * 16);
+    }
+    if (threadIdx.x < kBr) norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  if constexpr (Rule::kSelf) {  // Hq = Hkv: key row j of head g is also query row j of head g
+    const uint16_t* q_row[2] = {nullptr, nullptr};
+    const uint16_t* dy_row[2] = {nullptr, nullptr};
+    float dk_coef[2] = {0.0f, 0.0f}, dv_coef[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (key[half] >= T) continue;
+      const int64_t off = (b * T * d.Hq + g) * Dh + key[half] * q_stride;
+      q_row[half] = a.q + off;
+      dy_row[half] = a.dy + off;
+      rule.key_self((b * d.Hq + g) * T + key[half], dk_coef[half], dv_coef[half]);
+    }
+    add_rows<kPadded>(dk, q_row, dk_coef, Dh);
+    add_rows<kPadded>(dv, dy_row, dv_coef, Dh);
+  }
+
+  // Each warp stages its own 16 rows of ks / vs (read by no other warp).
+  __syncwarp();
+  const float dk_scale[2] = {rule.scale, rule.scale}, one[2] = {1.0f, 1.0f};
+  stage_rows<kPadded>(ks, warp * kWarpRows, dk, dk_scale);
+  stage_rows<kPadded>(vs, warp * kWarpRows, dv, one);
+  __syncwarp();
+  const int64_t row0 = j0 + warp * kWarpRows;
+  store_rows<kPadded>(a.dk + kv_off, row0, T, kv_stride, Dh, vec, ks, warp * kWarpRows);
+  store_rows<kPadded>(a.dv + kv_off, row0, T, kv_stride, Dh, vec, vs, warp * kWarpRows);
+}
+
+// dQ. Grid (query tiles, Hq, B); tiles run heaviest first.
+// dq_p = scale · Σ_j dS_pj k_j (plus the Self row term).
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const Rule rule) {
+  constexpr int S = kRowStride<kPadded>;
+  constexpr int kChunks = kPadded / 16;
+  constexpr int kDTiles = kPadded / 8;
+  constexpr int kKeyTiles = kTile / 8;
+  constexpr bool kHold = kDqHold<kPadded>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] query tile; dq staging
+  uint16_t* dys = qs + kTile * S;                         // [64, S] dy tile
+  uint16_t* ks = dys + kTile * S;                         // 2 stages of [64, S]
+  uint16_t* vs = ks + 2 * kTile * S;                      // 2 stages of [64, S]
+
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
+  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
+  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t q_off = (b * T * d.Hq + h) * Dh;
+  const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
+  const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
+  const int wrow = warp * kWarpRows;  // the warp's first row in the tile
+  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
+
+  load_tile<kTile, kPadded>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
+  load_tile<kTile, kPadded>(dys, a.dy + q_off, p0, T, q_stride, Dh, vec);
+  cp_async_commit();
+  load_tile<kTile, kPadded>(ks, kb, 0, T, kv_stride, Dh, vec);
+  load_tile<kTile, kPadded>(vs, vb, 0, T, kv_stride, Dh, vec);
+  cp_async_commit();
+  // The normalizer (+inf past T, so P = 0 there) and D of the thread's two rows, the quad's
+  // lanes splitting the head width of D.
+  float norm2[2], delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const bool valid = row[half] < T;
+    norm2[half] = valid ? rule.row_norm2((b * d.Hq + h) * T + row[half]) : INFINITY;
+    float sum = 0.0f;
+    if (valid) {
+      const int64_t off = q_off + row[half] * q_stride;
+      for (int c = tig; c < Dh; c += 4) sum = fmaf(bf16_load(a.y[off + c]), bf16_load(a.dy[off + c]), sum);
+    }
+    delta[half] = quad_sum(sum);
+  }
+
+  uint32_t qf[kHold ? kChunks : 1][4], dyf[kHold ? kChunks : 1][4];
+  float dq[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+
+  const int n_kt = static_cast<int>(p0 / kTile) + 1;
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    next_key_stage<kPadded>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    if constexpr (kHold) {
+      if (kt == 0) {
+#pragma unroll
+        for (int kc = 0; kc < kChunks; ++kc) {
+          load_a<kPadded>(qf[kc], qs, wrow, kc * 16);
+          load_a<kPadded>(dyf[kc], dys, wrow, kc * 16);
+        }
+      }
+    }
+    const uint16_t* kst = ks + stage * kTile * S;
+    const uint16_t* vst = vs + stage * kTile * S;
+
+    float s[kKeyTiles][4], dp[kKeyTiles][4];
+    two_products<kPadded, kHold>(s, qf, qs, kst, dp, dyf, dys, vst, wrow);
+
+    const int64_t j0 = static_cast<int64_t>(kt) * kTile;
+    const bool diagonal = kt == n_kt - 1;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e / 2;
+        float ds = rule.grad(s[nt][e], norm2[half], dp[nt][e], delta[half]).ds;
+        if (diagonal) {
+          const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
+          if (!(j < T && row[half] < T && rule.visible(row[half], j))) ds = 0.0f;
+        }
+        dp[nt][e] = ds;
+      }
+
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+      uint32_t dsa[4];
+      pack_a(dsa, dp, kk);
+      mma_by_cols<kPadded>(dq, dsa, kst, kk * 16);
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  if constexpr (Rule::kSelf) {  // Hq = Hkv: query row p of head h is also key row p of head h
+    const uint16_t* k_row[2] = {nullptr, nullptr};
+    float coef[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (row[half] >= T) continue;
+      k_row[half] = kb + row[half] * kv_stride;
+      coef[half] = rule.query_self((b * d.Hq + h) * T + row[half]);
+    }
+    add_rows<kPadded>(dq, k_row, coef, Dh);
+  }
+
+  // The warp stages its own 16 rows of qs (read by no other warp).
+  const float dq_scale[2] = {rule.scale, rule.scale};
+  stage_rows<kPadded>(qs, wrow, dq, dq_scale);
+  __syncwarp();
+  store_rows<kPadded>(a.dq + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
+}
+
+// ---- Launch ---------------------------------------------------------------------------------
+// Dynamic shared memory of the kernels, in bytes.
+template <int kPadded>
+constexpr size_t forward_smem() {
+  return sizeof(uint16_t) * 5 * kTile * kRowStride<kPadded>;
+}
+template <int kPadded>
+constexpr size_t dkdv_smem() {
+  constexpr int kBr = kDkdvQueryTile<kPadded>;
+  return sizeof(uint16_t) * (2 * kTile + 6 * kBr) * kRowStride<kPadded> +
+         sizeof(float) * 4 * kBr;
+}
+template <int kPadded>
+constexpr size_t dq_smem() {
+  return sizeof(uint16_t) * 6 * kTile * kRowStride<kPadded>;
+}
+
+// Above 48 KiB a kernel must opt in to its dynamic shared memory. The attribute is per device,
+// so it is set at every launch (a host-side call: no synchronization, allowed while capturing).
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)));
+}
+
+inline unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
+
+// The forward on `stream`: grid (query tiles, Hq, B).
+template <int kPadded, class Rule>
+void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) {
+  const Dims& d = io.dims;
+  if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
+  auto kernel = forward_kernel<kPadded, Rule>;
+  constexpr size_t smem = forward_smem<kPadded>();
+  allow_smem(kernel, smem);
+  const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
+  kernel<<<grid, kThreads, smem, stream>>>(io, rule);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+// The backward's two tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ.
+template <int kPadded, class Rule>
+void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream) {
+  const Dims& d = io.dims;
+  if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
+  auto dkdv = dkdv_kernel<kPadded, Rule>;
+  auto dq = dq_kernel<kPadded, Rule>;
+  constexpr size_t dkdv_bytes = dkdv_smem<kPadded>(), dq_bytes = dq_smem<kPadded>();
+  allow_smem(dkdv, dkdv_bytes);
+  allow_smem(dq, dq_bytes);
+  dkdv<<<dim3(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B)), kThreads,
+         dkdv_bytes, stream>>>(io, rule);
+  QV_CUDA_CHECK(cudaGetLastError());
+  dq<<<dim3(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B)), kThreads,
+       dq_bytes, stream>>>(io, rule);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace quiver::cuda::detail::flash
