@@ -111,6 +111,8 @@ void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, const int32_t* p
            base);
   check_like(out, in, DType::BF16, op, out_name, in_name);
   const int64_t batch = in.ndim() == 4 ? in.dim(0) : 1;
+  QV_CHECK(batch * in.dim(-3) < (int64_t{1} << 33), "{}: {} has too many rows ({})", op, in_name,
+           batch * in.dim(-3));  // one block per 8 rows, < 2^30 blocks
   detail::launch_rope(bf16_in(in), bf16_out(out), batch, in.dim(-3), in.dim(-2), head_dim, pos0,
                       pos_offset, base, inverse, stream);
 }
