@@ -1,6 +1,8 @@
 // Kernels of the element-wise ops: bf16 <-> fp32 conversion, embedding, RoPE, SwiGLU, GELU.
 // Storage is bf16 (uint16_t bit patterns), arithmetic fp32 (RoPE angles formed and reduced in
 // fp64, as the CPU reference forms them). Simple grid-stride kernels; tuning comes later.
+#include <cmath>
+
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 
@@ -50,6 +52,10 @@ __global__ void embedding_backward_kernel(const int32_t* tokens, int64_t n, cons
 // ~k·2⁻¹⁰⁷, far below fp32's 2⁻²⁴ for any position a model reaches), then fp32 sincosf on
 // |r| ≤ π/4 and the quadrant k mod 4. The results are within about 2 fp32 ulps of the fp64
 // values rounded to fp32, which is what the CPU reference's fp32 path uses.
+struct RopeFrequencies {
+  double inv_freq[kRopeMaxHalf];  // base^(−2i/Dh), i < Dh/2
+};
+
 __device__ __forceinline__ void rope_cos_sin(double angle, float* c, float* s) {
   constexpr double kTwoOverPi = 0.63661977236758134308;
   constexpr double kHalfPiHi = 1.5707963267948966192;      // fp64(π/2)
@@ -67,40 +73,37 @@ __device__ __forceinline__ void rope_cos_sin(double angle, float* c, float* s) {
   }
 }
 
-// One block per kRopeRows consecutive rows (row = b·seq + t). The block first puts the
-// frequencies (fp64) and then the rows' cos/sin (one per (row, pair), shared by every head) in
-// shared memory; then its threads apply them to every (row, head, pair), consecutive threads
-// on consecutive elements of a head, so loads and stores coalesce and no thread walks the
-// heads in sequence.
+// One block per kRopeRows consecutive rows (row = b·seq + t). The block first puts the rows'
+// cos/sin (one per (row, pair), shared by every head) in shared memory; then its threads apply
+// them to every (row, head, pair), consecutive threads on consecutive elements of a head, so
+// loads and stores coalesce and no thread walks the heads in sequence. The fp64 frequencies
+// come from the host (kernel parameters): an fp64 pow per block would delay every block.
 constexpr int kRopeRows = 8;
 
-__global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_t seq,
-                            int64_t heads, int64_t head_dim, int64_t pos0,
-                            const int32_t* pos_offset, double base, float sign) {
-  const int64_t half = head_dim / 2;
-  extern __shared__ double rope_shared[];
-  double* inv_freq = rope_shared;                                    // [half]
-  float* cos_table = reinterpret_cast<float*>(rope_shared + half);   // [kRopeRows, half]
-  float* sin_table = cos_table + kRopeRows * half;                   // [kRopeRows, half]
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
-    inv_freq[i] = pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-  __syncthreads();
+__global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_t seq, int heads,
+                            int head_dim, int64_t pos0, const int32_t* pos_offset,
+                            RopeFrequencies freqs, float sign) {
+  const int half = head_dim / 2;
+  extern __shared__ float rope_shared[];
+  float* cos_table = rope_shared;                  // [kRopeRows, half]
+  float* sin_table = rope_shared + kRopeRows * half;  // [kRopeRows, half]
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRopeRows;
-  const int64_t block_rows = min(static_cast<int64_t>(kRopeRows), rows - row0);
+  const int block_rows = static_cast<int>(min(static_cast<int64_t>(kRopeRows), rows - row0));
   const int64_t offset = pos_offset ? *pos_offset : 0;
-  for (int64_t k = threadIdx.x; k < block_rows * half; k += blockDim.x) {
-    const int64_t r = k / half, i = k - r * half;
+  for (int k = threadIdx.x; k < block_rows * half; k += blockDim.x) {
+    const int r = k / half, i = k - r * half;
     const int64_t pos = pos0 + (row0 + r) % seq + offset;
     float c, s;
-    rope_cos_sin(static_cast<double>(pos) * inv_freq[i], &c, &s);
+    rope_cos_sin(static_cast<double>(pos) * freqs.inv_freq[i], &c, &s);
     cos_table[k] = c;
     sin_table[k] = sign * s;
   }
   __syncthreads();
-  const int64_t per_row = heads * half;
-  for (int64_t k = threadIdx.x; k < block_rows * per_row; k += blockDim.x) {
-    const int64_t r = k / per_row, rem = k - r * per_row;
-    const int64_t h = rem / half, i = rem - h * half;
+  // 32-bit index arithmetic inside the block (at most kRopeRows · heads · half pairs).
+  const int per_row = heads * half;
+  for (int k = threadIdx.x; k < block_rows * per_row; k += blockDim.x) {
+    const int r = k / per_row, rem = k - r * per_row;
+    const int h = rem / half, i = rem - h * half;
     const float c = cos_table[r * half + i], s = sin_table[r * half + i];
     const int64_t index = ((row0 + r) * heads + h) * head_dim + i;
     const float a = bf16_load(x[index]), b = bf16_load(x[index + half]);
@@ -198,9 +201,13 @@ void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int
   const int64_t rows = batch * seq, half = head_dim / 2;
   if (rows == 0 || half == 0 || heads == 0) return;
   const int64_t blocks = (rows + kRopeRows - 1) / kRopeRows;
-  const size_t shared_bytes = static_cast<size_t>(half) * (sizeof(double) + 2 * kRopeRows * sizeof(float));
+  RopeFrequencies freqs;
+  for (int64_t i = 0; i < half; ++i)  // as the CPU reference (ops/rope.cpp)
+    freqs.inv_freq[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  const size_t shared_bytes = static_cast<size_t>(half) * 2 * kRopeRows * sizeof(float);
   rope_kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
-      x, y, rows, seq, heads, head_dim, pos0, pos_offset, base, inverse ? -1.0f : 1.0f);
+      x, y, rows, seq, static_cast<int>(heads), static_cast<int>(head_dim), pos0, pos_offset, freqs,
+      inverse ? -1.0f : 1.0f);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
