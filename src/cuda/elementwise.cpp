@@ -104,13 +104,18 @@ void rope_dispatch(const Tensor& in, Tensor& out, int64_t pos0, const int32_t* p
   QV_CHECK(in.ndim() == 3 || in.ndim() == 4, "{}: {} must be [T, H, Dh] or [B, T, H, Dh], got {}",
            op, in_name, shape_str(in.shape()));
   const int64_t head_dim = in.dim(-1);
-  QV_CHECK(head_dim > 0 && head_dim % 2 == 0, "{}: head width must be even and positive, got {}",
-           op, head_dim);
+  QV_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 2 * detail::kRopeMaxHalf,
+           "{}: head width must be even, positive and at most {}, got {}", op, 2 * detail::kRopeMaxHalf,
+           head_dim);
+  QV_CHECK(in.dim(-2) * head_dim < (int64_t{1} << 31), "{}: {} rows are too wide ({} heads)", op, in_name,
+           in.dim(-2));
   QV_CHECK(pos0 >= 0, "{}: pos0 must be non-negative, got {}", op, pos0);
   QV_CHECK(std::isfinite(base) && base > 0, "{}: base must be positive and finite, got {}", op,
            base);
   check_like(out, in, DType::BF16, op, out_name, in_name);
   const int64_t batch = in.ndim() == 4 ? in.dim(0) : 1;
+  QV_CHECK(batch * in.dim(-3) < (int64_t{1} << 33), "{}: {} has too many rows ({})", op, in_name,
+           batch * in.dim(-3));  // one block per 8 rows, < 2^30 blocks
   detail::launch_rope(bf16_in(in), bf16_out(out), batch, in.dim(-3), in.dim(-2), head_dim, pos0,
                       pos_offset, base, inverse, stream);
 }

@@ -1,6 +1,8 @@
 // Kernels of the element-wise ops: bf16 <-> fp32 conversion, embedding, RoPE, SwiGLU, GELU.
-// Storage is bf16 (uint16_t bit patterns), arithmetic fp32 (RoPE angles in fp64, as the CPU
-// reference evaluates them). Simple grid-stride kernels; tuning comes later.
+// Storage is bf16 (uint16_t bit patterns), arithmetic fp32 (RoPE angles formed and reduced in
+// fp64, as the CPU reference forms them). Simple grid-stride kernels; tuning comes later.
+#include <cmath>
+
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 
@@ -45,35 +47,68 @@ __global__ void embedding_backward_kernel(const int32_t* tokens, int64_t n, cons
   }
 }
 
-// One thread per (batch, position, pair i): the angle's cos/sin are computed once in fp64
-// and applied to the pair (i, i + half) of every head.
-__global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq,
-                            int64_t heads, int64_t head_dim, int64_t pos0,
-                            const int32_t* pos_offset, double base, double sign) {
-  const int64_t half = head_dim / 2;
-  const int64_t total = batch * seq * half;
-  // The frequencies once per block rather than per element: dynamic shared memory of half
-  // doubles. (The fp64 sincos per element remains; on an H200 this change left the kernel's
-  // time about the same, 1.7 ms per rel10m training step.)
-  extern __shared__ double inv_freq_table[];
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
-    inv_freq_table[i] = pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+// cos and sin of an fp64 angle θ ≥ 0 to fp32 accuracy without an fp64 sincos: θ is reduced
+// exactly enough in fp64 (Cody–Waite: θ − k·π/2 with π/2 split into two doubles, error
+// ~k·2⁻¹⁰⁷, far below fp32's 2⁻²⁴ for any position a model reaches), then fp32 sincosf on
+// |r| ≤ π/4 and the quadrant k mod 4. The results are within about 2 fp32 ulps of the fp64
+// values rounded to fp32, which is what the CPU reference's fp32 path uses.
+struct RopeFrequencies {
+  double inv_freq[kRopeMaxHalf];  // base^(−2i/Dh), i < Dh/2
+};
+
+__device__ __forceinline__ void rope_cos_sin(double angle, float* c, float* s) {
+  constexpr double kTwoOverPi = 0.63661977236758134308;
+  constexpr double kHalfPiHi = 1.5707963267948966192;      // fp64(π/2)
+  constexpr double kHalfPiLo = 6.123233995736766036e-17;   // π/2 − kHalfPiHi
+  const double k = rint(angle * kTwoOverPi);
+  const double r = fma(-k, kHalfPiLo, fma(-k, kHalfPiHi, angle));
+  float sr, cr;
+  sincosf(static_cast<float>(r), &sr, &cr);
+  const int quadrant = static_cast<int>(static_cast<int64_t>(k) & 3);
+  switch (quadrant) {
+    case 0: *c = cr; *s = sr; break;
+    case 1: *c = -sr; *s = cr; break;
+    case 2: *c = -cr; *s = -sr; break;
+    default: *c = sr; *s = -cr; break;
+  }
+}
+
+// One block per kRopeRows consecutive rows (row = b·seq + t). The block first puts the rows'
+// cos/sin (one per (row, pair), shared by every head) in shared memory; then its threads apply
+// them to every (row, head, pair), consecutive threads on consecutive elements of a head, so
+// loads and stores coalesce and no thread walks the heads in sequence. The fp64 frequencies
+// come from the host (kernel parameters): an fp64 pow per block would delay every block.
+constexpr int kRopeRows = 8;
+
+__global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_t seq, int heads,
+                            int head_dim, int64_t pos0, const int32_t* pos_offset,
+                            RopeFrequencies freqs, float sign) {
+  const int half = head_dim / 2;
+  extern __shared__ float rope_shared[];
+  float* cos_table = rope_shared;                  // [kRopeRows, half]
+  float* sin_table = rope_shared + kRopeRows * half;  // [kRopeRows, half]
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRopeRows;
+  const int block_rows = static_cast<int>(min(static_cast<int64_t>(kRopeRows), rows - row0));
+  const int64_t offset = pos_offset ? *pos_offset : 0;
+  for (int k = threadIdx.x; k < block_rows * half; k += blockDim.x) {
+    const int r = k / half, i = k - r * half;
+    const int64_t pos = pos0 + (row0 + r) % seq + offset;
+    float c, s;
+    rope_cos_sin(static_cast<double>(pos) * freqs.inv_freq[i], &c, &s);
+    cos_table[k] = c;
+    sin_table[k] = sign * s;
+  }
   __syncthreads();
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
-       k += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = k / half, i = k - row * half;  // row = b * seq + t
-    const int64_t t = row % seq;
-    const double inv_freq = inv_freq_table[i];
-    double s, c;
-    const int64_t pos = pos0 + t + (pos_offset ? *pos_offset : 0);
-    sincos(static_cast<double>(pos) * inv_freq, &s, &c);
-    const float cf = static_cast<float>(c), sf = static_cast<float>(sign * s);
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t base_index = (row * heads + h) * head_dim;
-      const float a = bf16_load(x[base_index + i]), b = bf16_load(x[base_index + i + half]);
-      y[base_index + i] = bf16_round(a * cf - b * sf);
-      y[base_index + i + half] = bf16_round(a * sf + b * cf);
-    }
+  // 32-bit index arithmetic inside the block (at most kRopeRows · heads · half pairs).
+  const int per_row = heads * half;
+  for (int k = threadIdx.x; k < block_rows * per_row; k += blockDim.x) {
+    const int r = k / per_row, rem = k - r * per_row;
+    const int h = rem / half, i = rem - h * half;
+    const float c = cos_table[r * half + i], s = sin_table[r * half + i];
+    const int64_t index = ((row0 + r) * heads + h) * head_dim + i;
+    const float a = bf16_load(x[index]), b = bf16_load(x[index + half]);
+    y[index] = bf16_round(a * c - b * s);
+    y[index + half] = bf16_round(a * s + b * c);
   }
 }
 
@@ -163,11 +198,16 @@ void launch_embedding_backward(const int32_t* tokens, int64_t n, const uint16_t*
 void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int64_t heads,
                  int64_t head_dim, int64_t pos0, const int32_t* pos_offset, double base,
                  bool inverse, cudaStream_t stream) {
-  const int64_t total = batch * seq * (head_dim / 2);
-  if (total == 0 || heads == 0) return;
-  const size_t table_bytes = static_cast<size_t>(head_dim / 2) * sizeof(double);
-  rope_kernel<<<grid_for(total, kThreads), kThreads, table_bytes, stream>>>(
-      x, y, batch, seq, heads, head_dim, pos0, pos_offset, base, inverse ? -1.0 : 1.0);
+  const int64_t rows = batch * seq, half = head_dim / 2;
+  if (rows == 0 || half == 0 || heads == 0) return;
+  const int64_t blocks = (rows + kRopeRows - 1) / kRopeRows;
+  RopeFrequencies freqs;
+  for (int64_t i = 0; i < half; ++i)  // as the CPU reference (ops/rope.cpp)
+    freqs.inv_freq[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  const size_t shared_bytes = static_cast<size_t>(half) * 2 * kRopeRows * sizeof(float);
+  rope_kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
+      x, y, rows, seq, static_cast<int>(heads), static_cast<int>(head_dim), pos0, pos_offset, freqs,
+      inverse ? -1.0f : 1.0f);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

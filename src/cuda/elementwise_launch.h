@@ -35,7 +35,9 @@ void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* wei
 
 // RoPE on contiguous bf16 [batch, seq, heads, head_dim]; y may equal x. Row t is at position
 // pos0 + t, plus *pos_offset when pos_offset (device memory) is not null: decoding reads its
-// position on the device, so one captured graph serves every step.
+// position on the device, so one captured graph serves every step. head_dim ≤ 2·kRopeMaxHalf
+// (the frequencies travel as kernel parameters); heads · head_dim < 2^31.
+inline constexpr int kRopeMaxHalf = 256;
 void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int64_t heads,
                  int64_t head_dim, int64_t pos0, const int32_t* pos_offset, double base,
                  bool inverse, cudaStream_t stream);

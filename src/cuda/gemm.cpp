@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "cuda/check.h"
 #include "cuda/context.h"
@@ -12,6 +15,14 @@
 #include "quiver/error.h"
 
 namespace quiver::cuda {
+
+namespace {
+std::atomic<bool> autotune{true};
+}  // namespace
+
+void set_gemm_autotune(bool enabled) { autotune.store(enabled); }
+bool gemm_autotune_enabled() { return autotune.load(); }
+
 namespace {
 
 cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
@@ -27,7 +38,7 @@ uint32_t alignment_of(const void* p) {
 
 // Everything the heuristic's choice depends on.
 struct PlanKey {
-  std::array<int64_t, 18> v;
+  std::array<int64_t, 24> v;
   bool operator==(const PlanKey& o) const { return v == o.v; }
 };
 
@@ -76,6 +87,8 @@ struct Problem {
   cublasLtEpilogue_t epilogue;
   DType bias_type;  // meaningful when the epilogue has a bias
   const void *A, *B, *C, *bias;
+  // Strided batch (batch 1: a single product); strides in elements, 0 shares an operand.
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0, stride_bias = 0;
 };
 
 bool has_bias(cublasLtEpilogue_t e) {
@@ -88,7 +101,9 @@ PlanKey key_of(const Problem& p, int device) {
                   static_cast<int64_t>(p.c_type), static_cast<int64_t>(p.epilogue),
                   has_bias(p.epilogue) ? static_cast<int64_t>(p.bias_type) : -1,
                   alignment_of(p.A), alignment_of(p.B), alignment_of(p.C),
-                  has_bias(p.epilogue) ? alignment_of(p.bias) : 0}};
+                  has_bias(p.epilogue) ? alignment_of(p.bias) : 0, p.batch, p.stride_a,
+                  p.stride_b, p.stride_c, has_bias(p.epilogue) ? p.stride_bias : 0,
+                  gemm_autotune_enabled() ? 1 : 0}};
 }
 
 template <typename T>
@@ -96,44 +111,28 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
   QV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
 }
 
-// Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's "A" is our B and its
-// "B" is our A. A row-major r×c matrix with row stride ld is a column-major c×r matrix with
-// leading dimension ld, so each operand keeps its transpose flag and swaps rows and columns.
-std::unique_ptr<Plan> build_plan(const Problem& p, const Context& ctx) {
-  auto plan = std::make_unique<Plan>();
-  QV_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_lt_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_lt_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_lt_a);
-  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_lt_b);
-  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, p.epilogue);
-  if (has_bias(p.epilogue)) {
-    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-             static_cast<int32_t>(cuda_type(p.bias_type)));
-    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);  // its alignment matters
-  }
-  // cuBLASLt's A = our B: column-major N×K (or K×N, transposed) with leading dimension ldb.
-  QV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(p.b_type),
-                                             static_cast<uint64_t>(p.trans_b ? p.K : p.N),
-                                             static_cast<uint64_t>(p.trans_b ? p.N : p.K), p.ldb));
-  // cuBLASLt's B = our A: column-major K×M (or M×K, transposed) with leading dimension lda.
-  QV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(p.a_type),
-                                             static_cast<uint64_t>(p.trans_a ? p.M : p.K),
-                                             static_cast<uint64_t>(p.trans_a ? p.K : p.M), p.lda));
-  // C and D: column-major N×M with leading dimension ldc.
-  QV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, cuda_type(p.c_type),
-                                             static_cast<uint64_t>(p.N), static_cast<uint64_t>(p.M),
-                                             p.ldc));
+void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
+  const int32_t count = static_cast<int32_t>(batch);
+  QV_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                   sizeof(count)));
+  QV_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+}
 
+// The heuristic's best candidates for a plan whose descriptors are built.
+constexpr int kCandidates = 8;
+
+std::vector<cublasLtMatmulAlgo_t> candidates(const Problem& p, const Plan& plan, const Context& ctx,
+                                             cublasStatus_t& status) {
   cublasLtMatmulPreference_t pref = nullptr;
   QV_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t workspace = ctx.workspace_bytes();
   const uint32_t align_lt_a = alignment_of(p.B), align_lt_b = alignment_of(p.A),
                  align_c = alignment_of(p.C);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int returned = 0;
-  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &workspace, sizeof(workspace));
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                   &align_lt_a, sizeof(align_lt_a));
@@ -147,25 +146,139 @@ std::unique_ptr<Plan> build_plan(const Problem& p, const Context& ctx) {
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &align_c, sizeof(align_c));
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), plan->desc, plan->a, plan->b, plan->c,
-                                            plan->c, pref, 1, &result, &returned);
+    status = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                            pref, kCandidates, results, &returned);
   cublasLtMatmulPreferenceDestroy(pref);
-  const bool found =
-      status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  // A fused epilogue cuBLASLt cannot do here: the caller runs the unfused path instead.
-  if (!found && p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) return nullptr;
-  QV_CHECK(found,
-           "gemm: cuBLASLt has no algorithm for M={} N={} K={} trans_a={} trans_b={} lda={} "
-           "ldb={} ldc={} A {} B {} C {} epilogue {} ({}: {})",
-           p.M, p.N, p.K, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, dtype_name(p.a_type),
-           dtype_name(p.b_type), dtype_name(p.c_type), static_cast<int>(p.epilogue),
-           cublasLtGetStatusName(status), cublasLtGetStatusString(status));
-  plan->algo = result.algo;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (status != CUBLAS_STATUS_SUCCESS) return algos;
+  for (int i = 0; i < returned; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i].algo);
+  return algos;
+}
+
+// The window of C a product touches, in bytes: what must be saved before timing candidates
+// that accumulate into C.
+size_t c_span_bytes(const Problem& p) {
+  const int64_t elements = (p.batch - 1) * p.stride_c + (p.M - 1) * p.ldc + p.N;
+  return static_cast<size_t>(elements) * (p.c_type == DType::BF16 ? 2 : 4);
+}
+
+// Larger windows of an accumulated C are not saved: such a plan keeps the heuristic's choice.
+constexpr size_t kMaxSavedBytes = size_t{256} << 20;
+
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // the legacy stream during another stream's capture: do not time
+    return true;
+  }
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+// Runs every candidate once to warm up, then twice timed, on `stream`, and returns the index
+// of the fastest. C is saved first and restored after when beta ≠ 0 (the runs accumulate
+// into it); with beta = 0 the caller's own launch overwrites what the runs wrote. A candidate
+// that fails to launch is skipped.
+size_t fastest_candidate(const Problem& p, const Plan& plan, const std::vector<cublasLtMatmulAlgo_t>& algos,
+                         const Context& ctx, float alpha, float beta, void* C, cudaStream_t stream) {
+  void* saved = nullptr;
+  const size_t span = c_span_bytes(p);
+  if (beta != 0.0f) {
+    QV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    QV_CUDA_CHECK(cudaMalloc(&saved, span));
+    QV_CUDA_CHECK(cudaMemcpyAsync(saved, C, span, cudaMemcpyDeviceToDevice, stream));
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  QV_CUDA_CHECK(cudaEventCreate(&start));
+  QV_CUDA_CHECK(cudaEventCreate(&stop));
+  size_t best = 0;
+  float best_ms = -1.0f;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    auto launch = [&] {
+      return cublasLtMatmul(ctx.lt(), plan.desc, &alpha, p.B, plan.a, p.A, plan.b, &beta, C, plan.c,
+                            C, plan.c, &algos[i], ctx.workspace(), ctx.workspace_bytes(), stream);
+    };
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+    QV_CUDA_CHECK(cudaEventRecord(start, stream));
+    const bool ok = launch() == CUBLAS_STATUS_SUCCESS && launch() == CUBLAS_STATUS_SUCCESS;
+    QV_CUDA_CHECK(cudaEventRecord(stop, stream));
+    QV_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    QV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ok && (best_ms < 0.0f || ms < best_ms)) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (saved) {
+    QV_CUDA_CHECK(cudaMemcpyAsync(C, saved, span, cudaMemcpyDeviceToDevice, stream));
+    QV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    QV_CUDA_CHECK(cudaFree(saved));
+  }
+  return best;
+}
+
+// Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's "A" is our B and its
+// "B" is our A. A row-major r×c matrix with row stride ld is a column-major c×r matrix with
+// leading dimension ld, so each operand keeps its transpose flag and swaps rows and columns.
+// Null when cuBLASLt has no algorithm for the problem.
+std::unique_ptr<Plan> build_plan(const Problem& p, const Context& ctx, float alpha, float beta, void* C,
+                                 cudaStream_t stream) {
+  auto plan = std::make_unique<Plan>();
+  QV_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_lt_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_lt_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_lt_a);
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_lt_b);
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, p.epilogue);
+  if (has_bias(p.epilogue)) {
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+             static_cast<int32_t>(cuda_type(p.bias_type)));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);  // its alignment matters
+    if (p.batch > 1) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, p.stride_bias);
+  }
+  // cuBLASLt's A = our B: column-major N×K (or K×N, transposed) with leading dimension ldb.
+  QV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(p.b_type),
+                                             static_cast<uint64_t>(p.trans_b ? p.K : p.N),
+                                             static_cast<uint64_t>(p.trans_b ? p.N : p.K), p.ldb));
+  // cuBLASLt's B = our A: column-major K×M (or M×K, transposed) with leading dimension lda.
+  QV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(p.a_type),
+                                             static_cast<uint64_t>(p.trans_a ? p.M : p.K),
+                                             static_cast<uint64_t>(p.trans_a ? p.K : p.M), p.lda));
+  // C and D: column-major N×M with leading dimension ldc.
+  QV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, cuda_type(p.c_type),
+                                             static_cast<uint64_t>(p.N), static_cast<uint64_t>(p.M),
+                                             p.ldc));
+  if (p.batch > 1) {
+    set_batch(plan->a, p.batch, p.stride_b);
+    set_batch(plan->b, p.batch, p.stride_a);
+    set_batch(plan->c, p.batch, p.stride_c);
+  }
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  const std::vector<cublasLtMatmulAlgo_t> algos = candidates(p, *plan, ctx, status);
+  if (algos.empty()) {
+    // A fused epilogue or a batch cuBLASLt cannot do here: the caller runs another path.
+    if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT || p.batch > 1) return nullptr;
+    fail("gemm: cuBLASLt has no algorithm for M={} N={} K={} trans_a={} trans_b={} lda={} "
+         "ldb={} ldc={} A {} B {} C {} epilogue {} ({}: {})",
+         p.M, p.N, p.K, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, dtype_name(p.a_type),
+         dtype_name(p.b_type), dtype_name(p.c_type), static_cast<int>(p.epilogue),
+         cublasLtGetStatusName(status), cublasLtGetStatusString(status));
+  }
+  size_t chosen = 0;
+  if (algos.size() > 1 && gemm_autotune_enabled() && !stream_is_capturing(stream) &&
+      (beta == 0.0f || c_span_bytes(p) <= kMaxSavedBytes))
+    chosen = fastest_candidate(p, *plan, algos, ctx, alpha, beta, C, stream);
+  plan->algo = algos[chosen];
   return plan;
 }
 
 // Launches the GEMM; false (nothing launched) when cuBLASLt has no algorithm for the problem's
-// fused epilogue. Such problems are cached as a null plan, so the answer is asked for once.
+// fused epilogue or batch. Such problems are cached as a null plan, so the answer is asked for
+// once.
 bool run_cublaslt(const Problem& p, float alpha, float beta, void* C, cudaStream_t stream) {
   Context& ctx = context();
   PlanCache& cache = plan_cache();
@@ -173,7 +286,8 @@ bool run_cublaslt(const Problem& p, float alpha, float beta, void* C, cudaStream
   std::lock_guard<std::mutex> lock(cache.mutex);
   const PlanKey key = key_of(p, ctx.device());
   auto it = cache.plans.find(key);
-  if (it == cache.plans.end()) it = cache.plans.emplace(key, build_plan(p, ctx)).first;
+  if (it == cache.plans.end())
+    it = cache.plans.emplace(key, build_plan(p, ctx, alpha, beta, C, stream)).first;
   if (!it->second) return false;
   Plan& plan = *it->second;
   if (has_bias(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
@@ -254,6 +368,52 @@ void gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   if (epilogue != Epilogue::None)
     detail::launch_bias_act(C, c_bf16, M, N, ldc, 1.0f, with_bias ? bias : nullptr, bias_bf16,
                             with_gelu, stream);
+}
+
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const void* A, DType a_type, int64_t lda, int64_t stride_a, const void* B,
+                  DType b_type, int64_t ldb, int64_t stride_b, float beta, void* C, DType c_type,
+                  int64_t ldc, int64_t stride_c, int64_t batch, Epilogue epilogue, const void* bias,
+                  DType bias_type, int64_t stride_bias, cudaStream_t stream) {
+  QV_CHECK(batch >= 1, "gemm_batched: batch must be ≥ 1, got {}", batch);
+  QV_CHECK(batch <= std::numeric_limits<int32_t>::max(), "gemm_batched: batch {} is too large", batch);
+  QV_CHECK(stride_a >= 0 && stride_b >= 0 && stride_bias >= 0,
+           "gemm_batched: strides must be non-negative, got A {} B {} bias {}", stride_a, stride_b,
+           stride_bias);
+  QV_CHECK(batch == 1 || stride_c >= M * ldc,
+           "gemm_batched: stride_c = {} < M·ldc = {}: the outputs of the batch would overlap",
+           stride_c, M * ldc);
+  check_gemm_args(trans_a, trans_b, M, N, K, A, a_type, lda, B, b_type, ldb, C, c_type, ldc,
+                  epilogue, bias, bias_type);
+  const bool with_bias = epilogue == Epilogue::Bias || epilogue == Epilogue::BiasGelu;
+  const bool with_gelu = epilogue == Epilogue::Gelu || epilogue == Epilogue::BiasGelu;
+  const size_t a_size = a_type == DType::BF16 ? 2 : 4, c_size = c_type == DType::BF16 ? 2 : 4;
+  const size_t bias_size = bias_type == DType::BF16 ? 2 : 4;
+  // One product per member, through the unbatched path (its epilogue fallbacks included).
+  auto each = [&] {
+    for (int64_t j = 0; j < batch; ++j)
+      gemm_epilogue(trans_a, trans_b, M, N, K, alpha, static_cast<const char*>(A) + j * stride_a * a_size,
+                    a_type, lda, static_cast<const char*>(B) + j * stride_b * a_size, b_type, ldb, beta,
+                    static_cast<char*>(C) + j * stride_c * c_size, c_type, ldc, epilogue,
+                    with_bias ? static_cast<const char*>(bias) + j * stride_bias * bias_size : nullptr,
+                    bias_type, stream);
+  };
+  if (batch == 1 || M == 0 || N == 0 || K == 0 || (with_bias && bias_type != c_type)) {
+    each();
+    return;
+  }
+  const cublasLtEpilogue_t fused = with_bias && with_gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                   : with_bias            ? CUBLASLT_EPILOGUE_BIAS
+                                   : with_gelu            ? CUBLASLT_EPILOGUE_GELU
+                                                          : CUBLASLT_EPILOGUE_DEFAULT;
+  Problem problem{trans_a, trans_b, M, N, K, lda, ldb, ldc, a_type, b_type, c_type,
+                  fused, bias_type, A, B, C, with_bias ? bias : nullptr};
+  problem.batch = batch;
+  problem.stride_a = stride_a;
+  problem.stride_b = stride_b;
+  problem.stride_c = stride_c;
+  problem.stride_bias = with_bias ? stride_bias : 0;
+  if (!run_cublaslt(problem, alpha, beta, C, stream)) each();
 }
 
 size_t gemm_plan_cache_size() {

@@ -17,11 +17,20 @@
 // the GEMM runs plain and a small kernel then adds the bias (and applies GELU) in fp32, rounding
 // a bf16 C once more. Keep biases in C's type where speed matters.
 //
-// Descriptors and the heuristic's algorithm are cached per (device, shape, leading dims, types,
-// transposes, epilogue, pointer alignments): a repeated call makes no heuristic query and
-// allocates nothing. Before capturing a CUDA graph, run each GEMM once (warm-up) so that the
-// context (context.h) exists and the capture only replays cached plans.
-// Every entry point launches on `stream` and never synchronizes the host.
+// Descriptors and the chosen algorithm are cached per (device, shape, leading dims, types,
+// transposes, epilogue, pointer alignments, batch and strides): a repeated call makes no
+// heuristic query and allocates nothing. Before capturing a CUDA graph, run each GEMM once
+// (warm-up) so that the context (context.h) exists and the capture only replays cached plans.
+//
+// Autotuning. The heuristic's first choice can be far from the best kernel (on an H200 it ran
+// a [61440, 768] x [768, 50257] product at ~100 TFLOP/s), so the first call of a new plan asks
+// for up to 8 candidates, runs each on `stream` (one untimed and two timed runs) and keeps the
+// fastest. That first call synchronizes the host and, when beta ≠ 0, saves C's window in a
+// temporary device buffer (cudaMalloc) and restores it after the timed runs; windows over
+// 256 MiB with beta ≠ 0, plans built under stream capture and set_gemm_autotune(false) keep
+// the heuristic's first choice. Every later call launches on `stream` without synchronizing
+// the host. The choice depends on timings, so two processes may run different kernels (the
+// same product up to fp32 summation order).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +54,22 @@ void gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
                    const void* A, DType a_type, int64_t lda, const void* B, DType b_type,
                    int64_t ldb, float beta, void* C, DType c_type, int64_t ldc, Epilogue epilogue,
                    const void* bias, DType bias_type, cudaStream_t stream = 0);
+
+// Strided batched GEMM: for j < batch, member j is the product above with A + j·stride_a,
+// B + j·stride_b, C + j·stride_c and bias + j·stride_bias (strides in elements; 0 shares an
+// operand or the bias across the batch; stride_c ≥ M·ldc, so the outputs do not overlap). One
+// cuBLASLt launch where cuBLASLt has an algorithm for it (the bias in C's type); otherwise one
+// gemm_epilogue per member, with the same result.
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const void* A, DType a_type, int64_t lda, int64_t stride_a, const void* B,
+                  DType b_type, int64_t ldb, int64_t stride_b, float beta, void* C, DType c_type,
+                  int64_t ldc, int64_t stride_c, int64_t batch, Epilogue epilogue, const void* bias,
+                  DType bias_type, int64_t stride_bias, cudaStream_t stream = 0);
+
+// Autotuning of new plans (see above): on by default. Plans are cached per setting, so a
+// benchmark can compare the heuristic's first choice with the timed one.
+void set_gemm_autotune(bool enabled);
+bool gemm_autotune_enabled();
 
 // Number of cached GEMM plans (tests check that repeated shapes reuse their plan).
 size_t gemm_plan_cache_size();

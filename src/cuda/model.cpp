@@ -33,8 +33,9 @@ uint16_t* bf16(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
 // Logits rows are padded to a multiple of 64 elements so that every row starts 128-byte
-// aligned when V is odd (GPT-2's 50,257). On an H200 this took alg110m-dense's two backward
-// head GEMMs from 64 to 45 ms per step; the forward head GEMM stayed at 46 ms (~100 TFLOP/s).
+// aligned when V is odd (GPT-2's 50,257), and the tied head's bf16 table has as many rows (the
+// rows past V are zero), so that every dimension of the head GEMMs is a multiple of 64: with
+// N = 50,257 the forward head GEMM of alg110m-dense ran at ~100 TFLOP/s on an H200.
 int64_t padded_vocab(int64_t V) { return (V + 63) / 64 * 64; }
 
 // The first n·width elements of a buffer as [n, width] (slots sized for the widest use).
@@ -65,6 +66,106 @@ void project_backward(const Tensor& dy, const Tensor& x, const DeviceParam& w, c
   if (dx)
     gemm(false, true, rows, K, N, 1.0f, dy.raw(), kBF16, N, w.half.raw(), kBF16, N, beta, dx->raw(),
          kBF16, K, s);
+}
+
+// Whether tensors lie at a fixed stride (in elements) after the first one, as the members of a
+// strided batched GEMM must.
+bool at_stride(const Tensor* const* t, int count, int64_t stride) {
+  for (int j = 1; j < count; ++j)
+    if (t[j]->raw() != static_cast<const char*>(t[0]->raw()) + j * stride * static_cast<int64_t>(dtype_size(t[0]->dtype())))
+      return false;
+  return true;
+}
+
+// The parameters of `count` projections of one input through one batched GEMM: the weights
+// (one shape), their biases (all or none) and their gradients at a fixed stride. The parameter
+// table puts q, k, v (p1, p2, I) and gate, up next to each other, so this holds whenever the
+// shapes agree (not for grouped K/V heads).
+bool batchable(const DeviceParam* w, const DeviceParam* b, int count) {
+  const Tensor* halves[3];
+  const Tensor* grads[3];
+  const Tensor* biases[3];
+  for (int j = 0; j < count; ++j) {
+    if (w[j].half.shape() != w[0].half.shape() || b[j].defined() != b[0].defined()) return false;
+    halves[j] = &w[j].half;
+    grads[j] = &w[j].grad;
+    biases[j] = &b[j].half;
+  }
+  const int64_t size = w[0].half.numel();
+  return at_stride(halves, count, size) && at_stride(grads, count, size) &&
+         (!b[0].defined() || at_stride(biases, count, w[0].half.dim(1)));
+}
+
+// y_j [rows, N] = x [rows, K] · W_j (+ b_j) for j < count (count ≤ 3), assigned: one strided
+// batched GEMM when the parameters are batchable and the outputs lie at a stride of rows·N.
+void project_many(const Tensor& x, const DeviceParam* w, const DeviceParam* b, Tensor* const* y, int count,
+                  cudaStream_t s) {
+  const int64_t K = w[0].half.dim(0), N = w[0].half.dim(1), rows = x.numel() / K;
+  if (count > 1 && batchable(w, b, count) && at_stride(y, count, rows * N)) {
+    gemm_batched(false, false, rows, N, K, 1.0f, x.raw(), kBF16, K, 0, w[0].half.raw(), kBF16, N, K * N, 0.0f,
+                 y[0]->raw(), kBF16, N, rows * N, count, b[0].defined() ? Epilogue::Bias : Epilogue::None,
+                 b[0].defined() ? b[0].half.raw() : nullptr, kBF16, N, s);
+    return;
+  }
+  for (int j = 0; j < count; ++j) project(x, w[j], b[j], *y[j], 0.0f, s);
+}
+
+// Backward of project_many: W_j.grad += xᵀ dy_j (one batched GEMM when batchable), b_j.grad +=
+// Σ_rows dy_j, dx = Σ_j dy_j W_jᵀ (assigned).
+void project_many_backward(const Tensor* const* dy, const Tensor& x, const DeviceParam* w, const DeviceParam* b,
+                           int count, Tensor& dx, cudaStream_t s) {
+  const int64_t K = w[0].half.dim(0), N = w[0].half.dim(1), rows = x.numel() / K;
+  if (count > 1 && batchable(w, b, count) && at_stride(dy, count, rows * N)) {
+    gemm_batched(true, false, K, N, rows, 1.0f, x.raw(), kBF16, K, 0, dy[0]->raw(), kBF16, N, rows * N, 1.0f,
+                 w[0].grad.raw(), DType::F32, N, K * N, count, Epilogue::None, nullptr, DType::F32, 0, s);
+    for (int j = 0; j < count; ++j) {
+      if (b[j].defined()) detail::launch_column_sum_accumulate(bf16(*dy[j]), rows, N, N, f32(b[j].grad), s);
+      gemm(false, true, rows, K, N, 1.0f, dy[j]->raw(), kBF16, N, w[j].half.raw(), kBF16, N, j == 0 ? 0.0f : 1.0f,
+           dx.raw(), kBF16, K, s);
+    }
+    return;
+  }
+  for (int j = 0; j < count; ++j) project_backward(*dy[j], x, w[j], b[j], &dx, j == 0 ? 0.0f : 1.0f, s);
+}
+
+// `count` buffers [rows, width] as consecutive slices of one allocation, so that a batched GEMM
+// can write (or read) them all.
+std::vector<Tensor> adjacent_mats(int count, int64_t rows, int64_t width) {
+  Tensor all = device_empty({count * rows, width}, kBF16);
+  std::vector<Tensor> out;
+  for (int j = 0; j < count; ++j) out.push_back(all.slice(0, j * rows, (j + 1) * rows));
+  return out;
+}
+
+// The first `count` of a set of adjacent buffers as one tensor of shape `shape` (q and k for one
+// RoPE launch); undefined when they are not adjacent.
+Tensor joined(const Tensor& first, const Tensor& second, const Shape& shape) {
+  const Tensor* pair[2] = {&first, &second};
+  if (first.numel() != second.numel() || !at_stride(pair, 2, first.numel())) return Tensor();
+  return Tensor::wrap(first.raw(), shape, first.dtype(), first.device());
+}
+
+// RoPE of two head tensors with one position layout (q and k; p1 and p2), in place: one launch
+// when they are adjacent and of one shape. pos: the decode position (rows [B, heads, Dh]); null
+// for rows [B, T, heads, Dh] from position 0 (the inverse rotation when `inverse`).
+void rope_pair(Tensor& first, Tensor& second, const int32_t* pos, bool inverse, double base, cudaStream_t s) {
+  Shape shape = first.shape();
+  shape[0] *= 2;
+  Tensor both = first.shape() == second.shape() ? joined(first, second, shape) : Tensor();
+  auto apply = [&](Tensor& t) {
+    if (pos)
+      rope_forward_at(t, t, pos, base, s);
+    else if (inverse)
+      rope_backward(t, t, 0, base, s);
+    else
+      rope_forward(t, t, 0, base, s);
+  };
+  if (both.defined()) {
+    apply(both);
+    return;
+  }
+  apply(first);
+  apply(second);
 }
 
 void copy_async(Tensor& dst, const Tensor& src, cudaStream_t s) {
@@ -115,8 +216,9 @@ struct GpuModel::Acts {
   Tensor last_x, last_h, last_mean, last_rstd;  // prefill: the last position's rows
   std::vector<int> row_types;
   // Backward scratch shared by the layers.
-  Tensor dx, dh, dtmp, dy, da, db, dc, dmixed, dgate, dr, dr_down;
+  Tensor dx, dh, dtmp, dy, da, db, dc, dgate, dr, dr_down;  // da, db, dc adjacent
   Tensor df_gate, df_up, df_act, lin_workspace, rel_workspace;
+  Tensor head_dw;                  // F32 [padded V, D]: the tied head's weight gradient, before it is added
   LayerActs& slot(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
 };
 
@@ -150,7 +252,11 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
   QV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   params_ = Tensor::zeros({P}, DType::F32, Device::CUDA);
   grads_ = Tensor::zeros({P}, DType::F32, Device::CUDA);
-  params_half_ = Tensor::zeros({P}, kBF16, Device::CUDA);
+  // The tied head's bf16 table has padded_vocab(V) rows, zero past V: the bf16 copy holds the
+  // parameters in table order with that gap after tok_emb.
+  const int64_t V = cfg_.vocab_size, D = cfg_.d_model;
+  if (cfg_.tied_head) half_gap_ = (padded_vocab(V) - V) * D;
+  params_half_ = Tensor::zeros({P + half_gap_}, kBF16, Device::CUDA);
   loss_sum_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
   staging_ = std::make_unique<Staging>();
   for (int i = 0; i < 2; ++i) QV_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->done[i], cudaEventDisableTiming));
@@ -165,7 +271,8 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
     const model::ParamInfo& info = table_[it->second];
     const int64_t a = info.offset, e = info.offset + info.numel;
     p.master = params_.slice(0, a, e).reshape(info.shape);
-    p.half = params_half_.slice(0, a, e).reshape(info.shape);
+    const int64_t gap = name == "tok_emb" ? 0 : half_gap_;
+    p.half = params_half_.slice(0, a + gap, e + gap).reshape(info.shape);
     p.grad = grads_.slice(0, a, e).reshape(info.shape);
     return p;
   };
@@ -175,6 +282,7 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
     layers_.push_back(std::move(L));
   }
   tok_emb_ = get("tok_emb");
+  if (cfg_.tied_head) tok_emb_.half = params_half_.slice(0, 0, padded_vocab(V) * D).reshape({padded_vocab(V), D});
   pos_emb_ = get("pos_emb");
   head_ = get("head");
   norm_f_w_ = get("norm_f.weight");
@@ -210,7 +318,17 @@ void GpuModel::store_params(Tensor& host) const {
   host.copy_from(params_);
 }
 
-void GpuModel::params_changed() { convert(params_, params_half_, stream_); }
+void GpuModel::params_changed() {
+  if (half_gap_ == 0) {
+    convert(params_, params_half_, stream_);
+    return;
+  }
+  // tok_emb first, then everything after it past the zero rows.
+  const int64_t emb = tok_emb_.master.numel(), P = params_.numel();
+  Tensor half_emb = params_half_.slice(0, 0, emb), half_rest = params_half_.slice(0, emb + half_gap_, P + half_gap_);
+  convert(params_.slice(0, 0, emb), half_emb, stream_);
+  convert(params_.slice(0, emb, P), half_rest, stream_);
+}
 
 void GpuModel::zero_grads() {
   QV_CUDA_CHECK(cudaMemsetAsync(grads_.raw(), 0, grads_.nbytes(), stream_));
@@ -248,9 +366,16 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
     s.h1 = mat(N, D);
     s.mean1 = vec(N);
     s.rstd1 = vec(N);
-    s.a = mat(N, D);
-    s.b = mat(N, bc);
-    s.c = mat(N, bc);
+    if (bc == D) {  // q, k, v (p1, p2, I) adjacent: one batched GEMM writes them
+      std::vector<Tensor> abc = adjacent_mats(3, N, D);
+      s.a = abc[0];
+      s.b = abc[1];
+      s.c = abc[2];
+    } else {
+      s.a = mat(N, D);
+      s.b = mat(N, bc);
+      s.c = mat(N, bc);
+    }
     if (has_f || has_l) s.mixed = mat(N, D);
     if (has_l) {
       s.gate = device_empty({N, D}, DType::F32);
@@ -263,8 +388,13 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
     s.h2 = mat(N, D);
     s.mean2 = vec(N);
     s.rstd2 = vec(N);
-    if (swiglu) s.f_gate = mat(N, F);
-    s.f_up = mat(N, F);
+    if (swiglu) {  // gate and up adjacent: one batched GEMM writes them
+      std::vector<Tensor> gate_up = adjacent_mats(2, N, F);
+      s.f_gate = gate_up[0];
+      s.f_up = gate_up[1];
+    } else {
+      s.f_up = mat(N, F);
+    }
     s.f_act = mat(N, F);
     return s;
   };
@@ -293,14 +423,27 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
   }
   if (training) {
     a->dlogits = mat(N, padded_vocab(V));
-    for (Tensor* t : {&a->dx, &a->dh, &a->dtmp, &a->dy, &a->da, &a->db, &a->dc, &a->dmixed}) *t = mat(N, D);
+    // The cross-entropy writes the [N, V] window; the padded columns stay zero, as the backward
+    // head GEMMs, which run over all padded_vocab(V) columns, need.
+    QV_CUDA_CHECK(cudaMemsetAsync(a->dlogits.raw(), 0, a->dlogits.nbytes(), stream_));
+    if (cfg_.tied_head && padded_vocab(V) != V) a->head_dw = device_empty({padded_vocab(V), D}, DType::F32);
+    for (Tensor* t : {&a->dx, &a->dh, &a->dtmp, &a->dy}) *t = mat(N, D);
+    std::vector<Tensor> dabc = adjacent_mats(3, N, D);
+    a->da = dabc[0];
+    a->db = dabc[1];
+    a->dc = dabc[2];
     if (cfg_.pattern.find('L') != std::string::npos) {
       a->dgate = device_empty({N, D}, DType::F32);
       a->dr = mat(N, D);
       a->dr_down = mat(N, Dh);
     }
-    if (swiglu) a->df_gate = mat(N, F);
-    a->df_up = mat(N, F);
+    if (swiglu) {
+      std::vector<Tensor> dgate_up = adjacent_mats(2, N, F);
+      a->df_gate = dgate_up[0];
+      a->df_up = dgate_up[1];
+    } else {
+      a->df_up = mat(N, F);
+    }
     a->df_act = mat(N, F);
     if (cfg_.pattern.find('F') != std::string::npos) {
       const int64_t bytes = flash_relation_backward_workspace_bytes(B, T, H);
@@ -400,8 +543,14 @@ void GpuModel::ffn_forward(const Layer& L, const std::vector<int>& types, const 
   const AlgProj* up = ffn_up_proj_.get();
   timer_.mark("ffn projections", s);
   if (cfg_.ffn.kind == "swiglu") {
-    ffn_project(h, L.ffn_gate, L.ffn_gate_b, up, types, f_gate, false, scratch, s);
-    ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, scratch, s);
+    if (up) {
+      ffn_project(h, L.ffn_gate, L.ffn_gate_b, up, types, f_gate, false, scratch, s);
+      ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, scratch, s);
+    } else {
+      const DeviceParam w[2] = {L.ffn_gate, L.ffn_up}, b[2] = {L.ffn_gate_b, L.ffn_up_b};
+      Tensor* gate_up[2] = {&f_gate, &f_up};
+      project_many(h, w, b, gate_up, 2, s);
+    }
     timer_.mark("activation", s);
     swiglu_forward(f_gate, f_up, f_act, s);
   } else {
@@ -436,16 +585,12 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
     if (L.kind == 'A') {
       const int64_t kvw = Hkv * Dh;
       Tensor q = a.a, k = prefix(a.b, N, kvw), v = prefix(a.c, N, kvw);
-      project(a.h1, L.w_in[0], L.b_in[0], q, 0.0f, s);
-      project(a.h1, L.w_in[1], L.b_in[1], k, 0.0f, s);
-      project(a.h1, L.w_in[2], L.b_in[2], v, 0.0f, s);
+      Tensor* qkv[3] = {&q, &k, &v};
+      project_many(a.h1, L.w_in, L.b_in, qkv, 3, s);
       Tensor q4 = q.reshape(hs), k4 = k.reshape({B, T, Hkv, Dh}), v4 = v.reshape({B, T, Hkv, Dh});
       Tensor y4 = a.y.reshape(hs);
       mark("rope");
-      if (rope) {
-        rope_forward(q4, q4, 0, cfg_.rope_base, s);
-        rope_forward(k4, k4, 0, cfg_.rope_base, s);
-      }
+      if (rope) rope_pair(q4, k4, nullptr, false, cfg_.rope_base, s);
       mark("attention");
       attention_forward(q4, k4, v4, y4, a.lse, s);
       if (ds) {
@@ -454,15 +599,11 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
       }
     } else {
       Tensor p1 = a.a, p2 = a.b, I = cfg_.relation.raw_x ? a.h1 : a.c;
-      project(a.h1, L.w_in[0], L.b_in[0], p1, 0.0f, s);
-      project(a.h1, L.w_in[1], L.b_in[1], p2, 0.0f, s);
-      if (!cfg_.relation.raw_x) project(a.h1, L.w_in[2], L.b_in[2], I, 0.0f, s);
+      Tensor* outs[3] = {&p1, &p2, &I};
+      project_many(a.h1, L.w_in, L.b_in, outs, cfg_.relation.raw_x ? 2 : 3, s);
       Tensor p14 = p1.reshape(hs), p24 = p2.reshape(hs), I4 = I.reshape(hs);
       mark("rope");
-      if (rope) {
-        rope_forward(p14, p14, 0, cfg_.rope_base, s);
-        rope_forward(p24, p24, 0, cfg_.rope_base, s);
-      }
+      if (rope) rope_pair(p14, p24, nullptr, false, cfg_.rope_base, s);
       mark("givens");
       Tensor mixed4 = I4;
       if (L.theta.defined()) {
@@ -514,12 +655,13 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
   timer_.stop(s);
 }
 
-// logits [rows, V] (row stride ldc) = h [rows, D] · tok_embᵀ (tied) or h · W_head.
+// logits [rows, V] (row stride ldc) = h [rows, D] · tok_embᵀ (tied) or h · W_head. A tied head
+// writes all padded_vocab(V) columns (zero past V) when the rows have room for them.
 void GpuModel::project_head(const Tensor& h, void* logits, int64_t ldc) const {
   const int64_t rows = h.dim(0), D = cfg_.d_model, V = cfg_.vocab_size;
   if (cfg_.tied_head)
-    gemm(false, true, rows, V, D, 1.0f, h.raw(), kBF16, D, tok_emb_.half.raw(), kBF16, D, 0.0f, logits, kBF16, ldc,
-         stream_);
+    gemm(false, true, rows, ldc >= padded_vocab(V) ? padded_vocab(V) : V, D, 1.0f, h.raw(), kBF16, D,
+         tok_emb_.half.raw(), kBF16, D, 0.0f, logits, kBF16, ldc, stream_);
   else
     gemm(false, false, rows, V, D, 1.0f, h.raw(), kBF16, D, head_.half.raw(), kBF16, V, 0.0f, logits, kBF16, ldc,
          stream_);
@@ -580,10 +722,17 @@ void GpuModel::backward(Acts& A) {
   mark("bwd head");
   const int64_t Vp = padded_vocab(V);
   if (cfg_.tied_head) {
-    gemm(false, false, N, D, V, 1.0f, A.dlogits.raw(), kBF16, Vp, tok_emb_.half.raw(), kBF16, D, 0.0f, A.dh.raw(),
+    // Over all Vp columns: dlogits is zero past V, and so are the padded rows of the table.
+    gemm(false, false, N, D, Vp, 1.0f, A.dlogits.raw(), kBF16, Vp, tok_emb_.half.raw(), kBF16, D, 0.0f, A.dh.raw(),
          kBF16, D, s);
-    gemm(true, false, V, D, N, 1.0f, A.dlogits.raw(), kBF16, Vp, A.hf.raw(), kBF16, D, 1.0f, tok_emb_.grad.raw(),
-         DType::F32, D, s);
+    if (Vp == V) {
+      gemm(true, false, V, D, N, 1.0f, A.dlogits.raw(), kBF16, Vp, A.hf.raw(), kBF16, D, 1.0f, tok_emb_.grad.raw(),
+           DType::F32, D, s);
+    } else {  // an aligned product into [Vp, D], then its first V rows added to the gradient
+      gemm(true, false, Vp, D, N, 1.0f, A.dlogits.raw(), kBF16, Vp, A.hf.raw(), kBF16, D, 0.0f, A.head_dw.raw(),
+           DType::F32, D, s);
+      detail::launch_add_f32(f32(tok_emb_.grad), f32(A.head_dw), V * D, s);
+    }
   } else {
     gemm(false, true, N, D, V, 1.0f, A.dlogits.raw(), kBF16, Vp, head_.half.raw(), kBF16, V, 0.0f, A.dh.raw(),
          kBF16, D, s);
@@ -617,8 +766,14 @@ void GpuModel::backward(Acts& A) {
       mark("bwd activation");
       swiglu_backward(A.df_act, a.f_gate, a.f_up, A.df_gate, A.df_up, s);
       mark("bwd ffn projections");
-      ffn_back(A.df_gate, a.h2, L.ffn_gate, L.ffn_gate_b, up, A.dh, false);
-      ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, true);
+      if (up) {
+        ffn_back(A.df_gate, a.h2, L.ffn_gate, L.ffn_gate_b, up, A.dh, false);
+        ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, true);
+      } else {
+        const DeviceParam w[2] = {L.ffn_gate, L.ffn_up}, b[2] = {L.ffn_gate_b, L.ffn_up_b};
+        const Tensor* dgate_up[2] = {&A.df_gate, &A.df_up};
+        project_many_backward(dgate_up, a.h2, w, b, 2, A.dh, s);
+      }
     } else {
       mark("bwd activation");
       gelu_backward(A.df_act, a.f_up, A.df_up, s);
@@ -642,19 +797,16 @@ void GpuModel::backward(Acts& A) {
       mark("bwd attention");
       attention_backward(q4, k4, v4, a.y.reshape(hs), a.lse, A.dy.reshape(hs), dq4, dk4, dv4, s);
       mark("bwd rope");
-      if (rope) {
-        rope_backward(dq4, dq4, 0, cfg_.rope_base, s);
-        rope_backward(dk4, dk4, 0, cfg_.rope_base, s);
-      }
+      if (rope) rope_pair(dq4, dk4, nullptr, true, cfg_.rope_base, s);
       mark("bwd mixer projections");
-      project_backward(A.da, a.h1, L.w_in[0], L.b_in[0], &A.dh, 0.0f, s);
-      project_backward(dk, a.h1, L.w_in[1], L.b_in[1], &A.dh, 1.0f, s);
-      project_backward(dv, a.h1, L.w_in[2], L.b_in[2], &A.dh, 1.0f, s);
+      const Tensor* dqkv[3] = {&A.da, &dk, &dv};
+      project_many_backward(dqkv, a.h1, L.w_in, L.b_in, 3, A.dh, s);
     } else {
       Tensor I = cfg_.relation.raw_x ? a.h1 : a.c;
       Tensor p14 = a.a.reshape(hs), p24 = a.b.reshape(hs), I4 = I.reshape(hs);
       Tensor mixed4 = L.theta.defined() ? a.mixed.reshape(hs) : I4;
-      Tensor dp14 = A.da.reshape(hs), dp24 = A.db.reshape(hs), dmixed4 = A.dmixed.reshape(hs);
+      // dĨ (then dI) in dc, next to dp1 and dp2 for the batched weight gradients.
+      Tensor dp14 = A.da.reshape(hs), dp24 = A.db.reshape(hs), dmixed4 = A.dc.reshape(hs);
       Tensor y4 = a.y.reshape(hs), dy4 = A.dy.reshape(hs);
       if (L.kind == 'F') {
         mark("bwd flash relation");
@@ -673,17 +825,11 @@ void GpuModel::backward(Acts& A) {
         Tensor dtheta = L.theta.grad;
         givens_backward(dmixed4, I4, L.theta.master, l, dI4, dtheta, s);
       }
-      if (rope) {
-        rope_backward(dp14, dp14, 0, cfg_.rope_base, s);
-        rope_backward(dp24, dp24, 0, cfg_.rope_base, s);
-      }
+      if (rope) rope_pair(dp14, dp24, nullptr, true, cfg_.rope_base, s);
       mark("bwd mixer projections");
-      project_backward(A.da, a.h1, L.w_in[0], L.b_in[0], &A.dh, 0.0f, s);
-      project_backward(A.db, a.h1, L.w_in[1], L.b_in[1], &A.dh, 1.0f, s);
-      if (cfg_.relation.raw_x)
-        detail::launch_add_bf16(bf16(A.dh), bf16(A.dmixed), N * D, s);
-      else
-        project_backward(A.dmixed, a.h1, L.w_in[2], L.b_in[2], &A.dh, 1.0f, s);
+      const Tensor* dp[3] = {&A.da, &A.db, &A.dc};
+      project_many_backward(dp, a.h1, L.w_in, L.b_in, cfg_.relation.raw_x ? 2 : 3, A.dh, s);
+      if (cfg_.relation.raw_x) detail::launch_add_bf16(bf16(A.dh), bf16(A.dc), N * D, s);
       if (L.kind == 'L') {
         Tensor dg2 = A.dgate, dwd = L.w_alpha_down.grad, dwu = L.w_alpha_up.grad;
         Tensor dal = L.a_log.grad, ddt = L.dt_bias.grad;
@@ -751,14 +897,18 @@ std::unique_ptr<GpuDecodeState> GpuModel::new_decode_state(int64_t B, int64_t ca
       st->cache_b_[l] = device_empty({B, capacity, heads, Dh}, kBF16);
     }
   }
-  for (Tensor* t : {&st->x_, &st->h_, &st->a_, &st->b_, &st->c_, &st->mixed_, &st->y_, &st->out_})
-    *t = device_empty({B, D}, kBF16);
+  for (Tensor* t : {&st->x_, &st->h_, &st->mixed_, &st->y_, &st->out_}) *t = device_empty({B, D}, kBF16);
+  std::vector<Tensor> abc = adjacent_mats(3, B, D);  // one batched GEMM writes q, k, v (p1, p2, I)
+  st->a_ = abc[0];
+  st->b_ = abc[1];
+  st->c_ = abc[2];
   st->mean_ = device_empty({B}, DType::F32);
   st->rstd_ = device_empty({B}, DType::F32);
   st->gate_ = device_empty({B, D}, DType::F32);
   st->r_down_ = device_empty({B, Dh}, kBF16);
-  st->f_gate_ = device_empty({B, F}, kBF16);
-  st->f_up_ = device_empty({B, F}, kBF16);
+  std::vector<Tensor> gate_up = adjacent_mats(2, B, F);
+  st->f_gate_ = gate_up[0];
+  st->f_up_ = gate_up[1];
   st->f_act_ = device_empty({B, F}, kBF16);
   st->logits_ = device_empty({B, cfg_.vocab_size}, kBF16);
   st->pos_dev_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
@@ -826,29 +976,21 @@ void GpuModel::decode_step(GpuDecodeState& st) {
     if (L.kind == 'A') {
       const int64_t kvw = Hkv * Dh;
       Tensor k = prefix(st.b_, B, kvw), v = prefix(st.c_, B, kvw);
-      project(st.h_, L.w_in[0], L.b_in[0], st.a_, 0.0f, s);
-      project(st.h_, L.w_in[1], L.b_in[1], k, 0.0f, s);
-      project(st.h_, L.w_in[2], L.b_in[2], v, 0.0f, s);
+      Tensor* qkv[3] = {&st.a_, &k, &v};
+      project_many(st.h_, L.w_in, L.b_in, qkv, 3, s);
       Tensor q3 = st.a_.reshape(rows), k3 = k.reshape({B, Hkv, Dh}), v3 = v.reshape({B, Hkv, Dh});
       mark("rope");
-      if (rope) {
-        rope_forward_at(q3, q3, pos, cfg_.rope_base, s);
-        rope_forward_at(k3, k3, pos, cfg_.rope_base, s);
-      }
+      if (rope) rope_pair(q3, k3, pos, false, cfg_.rope_base, s);
       Tensor y3 = st.y_.reshape(rows);
       mark("attention");
       attention_decode_step(q3, k3, v3, st.cache_a_[l], st.cache_b_[l], pos, y3, s);
     } else {
       Tensor I = cfg_.relation.raw_x ? st.h_ : st.c_;
-      project(st.h_, L.w_in[0], L.b_in[0], st.a_, 0.0f, s);
-      project(st.h_, L.w_in[1], L.b_in[1], st.b_, 0.0f, s);
-      if (!cfg_.relation.raw_x) project(st.h_, L.w_in[2], L.b_in[2], I, 0.0f, s);
+      Tensor* outs[3] = {&st.a_, &st.b_, &I};
+      project_many(st.h_, L.w_in, L.b_in, outs, cfg_.relation.raw_x ? 2 : 3, s);
       Tensor p13 = st.a_.reshape(rows), p23 = st.b_.reshape(rows), I3 = I.reshape(rows);
       mark("rope");
-      if (rope) {
-        rope_forward_at(p13, p13, pos, cfg_.rope_base, s);
-        rope_forward_at(p23, p23, pos, cfg_.rope_base, s);
-      }
+      if (rope) rope_pair(p13, p23, pos, false, cfg_.rope_base, s);
       Tensor mixed3 = I3;
       if (L.theta.defined()) {
         mixed3 = st.mixed_.reshape(rows);

@@ -6,7 +6,9 @@
 //   - master parameters, their gradients and the optimizer state are fp32, each one flat
 //     buffer on the device in the order of model::param_table;
 //   - a bf16 copy of the parameters (refreshed by params_changed()) feeds the GEMMs and the
-//     bias epilogues; norms, embeddings, λ, θ, A_log and dt_bias read the fp32 masters;
+//     bias epilogues; norms, embeddings, λ, θ, A_log and dt_bias read the fp32 masters. With a
+//     tied head the copy of tok_emb has padded_vocab(V) rows (a multiple of 64; the rows past
+//     V are zero) so that the head GEMMs are aligned in every dimension;
 //   - activations and their gradients are bf16, every product and sum accumulates in fp32
 //     (cuBLASLt CUBLAS_COMPUTE_32F, fp32 kernel arithmetic), Linear Relation's decay g and
 //     state are fp32, the loss is fp32.
@@ -44,7 +46,8 @@ namespace quiver::cuda {
 class AlgProj;
 
 // A parameter on the device: the fp32 master, its bf16 copy and its fp32 gradient (views into
-// the flat buffers); undefined when the config has no such tensor.
+// the flat buffers); undefined when the config has no such tensor. The tied tok_emb's half is
+// [padded_vocab(V), D] (the model file comment).
 struct DeviceParam {
   Tensor master, half, grad;
   bool defined() const { return master.defined(); }
@@ -126,6 +129,7 @@ class GpuModel {
   std::vector<model::ParamInfo> table_;
   cudaStream_t stream_ = nullptr;
   Tensor params_, grads_, params_half_;
+  int64_t half_gap_ = 0;  // zero elements after tok_emb in params_half_ (the padded head rows)
   std::vector<std::unique_ptr<Layer>> layers_;
   DeviceParam tok_emb_, pos_emb_, head_, norm_f_w_, norm_f_b_;
   std::unique_ptr<AlgProj> ffn_up_proj_, ffn_down_proj_;

@@ -52,7 +52,9 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
                       Tensor& dx, Tensor& dweight_accumulate, cudaStream_t stream = nullptr);
 
 // RoPE, rotate_half convention of ops/rope.h, on BF16 [T, H, Dh] or [B, T, H, Dh]; row t at
-// position pos0 + t; angles in fp64. The output may alias the input.
+// position pos0 + t. Angles are formed and reduced modulo π/2 in fp64, their cos/sin taken in
+// fp32 (within about 2 fp32 ulps of the fp64 values), once per (row, pair) and shared by the
+// heads. The output may alias the input.
 void rope_forward(const Tensor& x, Tensor& y, int64_t pos0, double base = ops::kRopeBase,
                   cudaStream_t stream = nullptr);
 void rope_backward(const Tensor& dy, Tensor& dx, int64_t pos0, double base = ops::kRopeBase,

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,8 @@ std::vector<Case> model_cases() {
       {"mha_gqa_learned_layernorm_bias_untied", "AA",
        {{"n_kv_heads", 2}, {"positions", "learned"}, {"norm", "layernorm"}, {"attn_bias", true},
         {"tied_head", false}, {"ffn", {{"bias", true}}}}},
+      {"mha_learned_layernorm_bias", "AA",
+       {{"positions", "learned"}, {"norm", "layernorm"}, {"attn_bias", true}, {"ffn", {{"bias", true}}}}},
       {"gelu_ffn", "A", {{"ffn", {{"kind", "gelu"}}}}},
       {"algebraic_ffn_q2x2_interval", "AA", {{"ffn", {{"law", "Q2xQ2"}, {"schedule", "interval:32"}}}}},
       {"algebraic_ffn_q4_cyclic", "A", {{"ffn", {{"law", "Q4"}, {"schedule", "cyclic"}}}}},
@@ -433,6 +436,68 @@ TEST(GpuGenerate, GraphReplayEqualsEagerSteps) {
         }
       }
     }
+  }
+}
+
+// Kernels of one decode step of alg110m-dense (its shapes; zero parameters, which the count
+// does not depend on), counted in the captured graph of the step, and the step's time under
+// graph replay, printed for batch 1 and 32. q/k/v and gate/up are one GEMM each, so a layer
+// is at most 9 kernels: norm, q/k/v, attention, W_O (+ residual), norm, gate/up, SwiGLU, down
+// (+ residual), and one spare for a GEMM that cuBLASLt splits.
+TEST(GpuDecode, KernelsPerStepOfAlg110mDense) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const nlohmann::json j = {{"name", "alg110m-dense"}, {"vocab_size", 50257}, {"context", 1536}, {"d_model", 768},
+                            {"n_heads", 32}, {"n_layers", 12}, {"pattern", "AAAAAAAAAAAA"},
+                            {"ffn", {{"kind", "swiglu"}, {"width", 1536}, {"law", "dense"}, {"bias", false}}},
+                            {"norm", "layernorm"}, {"positions", "learned"}, {"attn_bias", true},
+                            {"tied_head", true}};
+  const model::ModelConfig cfg = model::config_from_json(j);
+  cuda::GpuModel gpu(cfg);
+  const cudaStream_t stream = gpu.stream();
+  for (int64_t B : {1, 32}) {
+    auto state = gpu.new_decode_state(B, 128);
+    const std::vector<int32_t> prompt(static_cast<size_t>(B * 4), 1);
+    gpu.prefill(*state, prompt.data(), B, 4);
+    gpu.decode_step(*state);  // warms the plans of the step's shapes
+    QV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph = nullptr;
+    QV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    gpu.decode_step(*state);
+    QV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    size_t count = 0;
+    QV_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    QV_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+    int64_t kernels = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      QV_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      if (type == cudaGraphNodeTypeKernel) ++kernels;
+    }
+    cudaGraphExec_t exec = nullptr;
+    QV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    QV_CUDA_CHECK(cudaGraphDestroy(graph));
+    QV_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // the captured step itself
+    const int steps = 100;
+    cudaEvent_t start, stop;
+    QV_CUDA_CHECK(cudaEventCreate(&start));
+    QV_CUDA_CHECK(cudaEventCreate(&stop));
+    QV_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < steps; ++i) {
+      state->count_replayed_step();
+      QV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    }
+    QV_CUDA_CHECK(cudaEventRecord(stop, stream));
+    QV_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    QV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    std::printf("alg110m-dense decode step, batch %lld: %lld graph nodes, %lld kernels, %.1f us per step (graph replay, no sampling)\n",
+                static_cast<long long>(B), static_cast<long long>(count), static_cast<long long>(kernels),
+                1000.0 * ms / steps);
+    QV_CUDA_CHECK(cudaEventDestroy(start));
+    QV_CUDA_CHECK(cudaEventDestroy(stop));
+    QV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    EXPECT_LE(kernels, 9 * cfg.n_layers + 6) << "batch " << B;
   }
 }
 
