@@ -422,6 +422,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     QV_CUDA_CHECK(cudaEventCreate(&start));
     QV_CUDA_CHECK(cudaEventCreate(&stop));
     float best_us = 0;
+    nlohmann::json timings = nlohmann::json::object();
     for (const AlgKernel& k : kernel_candidates(pass)) {
       run(k);  // warm: builds the plan, grows scratch
       float fastest = 0;
@@ -434,6 +435,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
         QV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         fastest = rep == 0 ? ms : std::min(fastest, ms);
       }
+      timings[kernel_name(pass, k)] = fastest * 1000.0f;
       if (best_us == 0 || fastest * 1000.0f < best_us) {
         best_us = fastest * 1000.0f;
         best = k;
@@ -444,7 +446,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     calibration_store(key, {{"kernel", best.kind == AlgKernel::Kind::Products ? "products" : "fused"},
                             {"config", best.config},
                             {"name", kernel_name(pass, best)},
-                            {"us", best_us}});
+                            {"us", best_us},
+                            {"candidates_us", timings}});
   }
   constexpr size_t kMaxChoices = 24;
   if (choices_.size() >= kMaxChoices) choices_.erase(choices_.begin());

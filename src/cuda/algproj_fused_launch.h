@@ -26,7 +26,7 @@ struct AlgKernelConfig {
 constexpr AlgKernelConfig kAlgRowConfigs[] = {
     {64, 128, 2, 2, 32, 3},  {64, 128, 2, 2, 32, 6},  {64, 128, 2, 2, 64, 4}, {128, 128, 4, 2, 32, 4},
     {64, 256, 2, 4, 32, 4},  {128, 256, 4, 4, 32, 3}, {32, 128, 2, 2, 32, 6}, {16, 128, 1, 4, 32, 8},
-    {16, 64, 1, 4, 32, 8},
+    {16, 64, 1, 4, 32, 8},   {64, 128, 2, 4, 32, 4},
 };
 constexpr int kAlgRowConfigCount = sizeof(kAlgRowConfigs) / sizeof(kAlgRowConfigs[0]);
 // Weight pass (dW): tile = dW rows × dW columns, the chunk runs over token rows.
