@@ -16,6 +16,7 @@
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 #include "cuda/gemm.h"
+#include "cuda/model_launch.h"
 #include "quiver/error.h"
 
 namespace quiver::cuda {
@@ -292,11 +293,24 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
   return out;
 }
 
-const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const std::vector<int>& types) const {
+const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const std::vector<int>& types,
+                                          cudaStream_t stream) const {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  QV_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   for (size_t i = 0; i < plans_.size(); ++i)
-    if (plans_[i].pass == pass && plans_[i].config == config && plans_[i].types == types) return plans_[i];
-  constexpr size_t kMaxPlans = 24;
-  if (plans_.size() >= kMaxPlans) plans_.erase(plans_.begin());  // cudaFree waits for queued work
+    if (plans_[i].pass == pass && plans_[i].config == config && plans_[i].types == types) {
+      plans_[i].captured = plans_[i].captured || capture != cudaStreamCaptureStatusNone;
+      return plans_[i];
+    }
+  QV_CHECK(capture == cudaStreamCaptureStatusNone,
+           "algproj: a {} call with new row types during a CUDA-graph capture; run it once before capturing",
+           pass_name(pass));
+  // Bounded: the oldest plan no captured graph refers to goes (cudaFree waits for queued work).
+  constexpr size_t kMaxPlans = 32;
+  if (plans_.size() >= kMaxPlans) {
+    auto old = std::find_if(plans_.begin(), plans_.end(), [](const DevicePlan& d) { return !d.captured; });
+    if (old != plans_.end()) plans_.erase(old);
+  }
   const detail::AlgKernelConfig& t = kernel_config(pass, config);
   DevicePlan d;
   d.pass = pass;
@@ -336,7 +350,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const st
 
 void AlgProj::run_fused(ops::AlgPass pass, int config, const Tensor& a, const Tensor& w, const Tensor* x,
                         const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream) const {
-  const DevicePlan& d = plan(pass, config, types);
+  const DevicePlan& d = plan(pass, config, types, stream);
   if (pass == ops::AlgPass::DW) {
     detail::AlgWeightArgs args{};
     args.x = static_cast<const uint16_t*>(x->raw());
@@ -443,6 +457,10 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     }
     QV_CUDA_CHECK(cudaEventDestroy(start));
     QV_CUDA_CHECK(cudaEventDestroy(stop));
+    // Only the chosen kernel's plan stays.
+    std::erase_if(plans_, [&](const DevicePlan& d) {
+      return d.pass == pass && d.types == types && !(best.kind == AlgKernel::Kind::Fused && d.config == best.config);
+    });
     calibration_store(key, {{"kernel", best.kind == AlgKernel::Kind::Products ? "products" : "fused"},
                             {"config", best.config},
                             {"name", kernel_name(pass, best)},
@@ -456,7 +474,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
 }
 
 void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
-                      Tensor& y, cudaStream_t stream) const {
+                      Tensor& y, cudaStream_t stream, bool accumulate) const {
   check_inputs(x, w, K(), N(), row_types.size());
   const int64_t M = x.dim(0);
   check_tensor(y, {M, N()}, DType::BF16, "y");
@@ -465,17 +483,26 @@ void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& 
                         aligned(y.raw(), fused_vec_);
   const Pass p{true, static_cast<const uint16_t*>(x.raw()), K(), N(),
                static_cast<const uint16_t*>(w.raw()), &k_off_, &n_off_, N()};
-  auto run = [&](const AlgKernel& k) {
+  // Calibration times assigning calls; an accumulating call adds once, after the choice.
+  auto run = [&](const AlgKernel& k, Tensor& target, bool add) {
     if (k.kind == AlgKernel::Kind::Fused) {
-      run_fused(ops::AlgPass::Forward, k.config, x, w, nullptr, row_types, y, false, stream);
+      run_fused(ops::AlgPass::Forward, k.config, x, w, nullptr, row_types, target, add, stream);
       return;
     }
+    auto* out = static_cast<uint16_t*>(add ? ensure(scratch_.sum, M * N() * sizeof(uint16_t)) : target.raw());
     std::vector<RowSet> sets = group_rows(row_types, law_.q(), access_);
-    run_pass(p, law_.q(), M, shared_, per_type_, sets, static_cast<uint16_t*>(y.raw()), scratch_.acc,
-             scratch_.part, scratch_.rows_a, scratch_.indices, stream);
+    run_pass(p, law_.q(), M, shared_, per_type_, sets, out, scratch_.acc, scratch_.part, scratch_.rows_a,
+             scratch_.indices, stream);
+    if (add) detail::launch_add_bf16(static_cast<uint16_t*>(target.raw()), out, M * N(), stream);
   };
-  const AlgKernel k = choose(ops::AlgPass::Forward, row_types, fused_ok, stream, run);
-  run(k);
+  // Calibration times assigning calls; an accumulated y keeps its contents (scratch instead).
+  Tensor trial;
+  auto time_one = [&](const AlgKernel& k) {
+    if (accumulate && !trial.defined()) trial = Tensor::empty({M, N()}, DType::BF16, Device::CUDA);
+    run(k, accumulate ? trial : y, false);
+  };
+  const AlgKernel k = choose(ops::AlgPass::Forward, row_types, fused_ok, stream, time_one);
+  run(k, y, accumulate);
   last_[static_cast<int>(ops::AlgPass::Forward)] = k;
 }
 

@@ -39,7 +39,9 @@
 // synchronizes the host. The instance keeps device state reused across calls (tile plans per
 // row-type vector, products scratch), so one instance's calls must be ordered (one stream, or
 // events). A new row-type vector builds and uploads its tile plan (a synchronous copy) on
-// first use.
+// first use, which a CUDA-graph capture refuses (an error): run it once first. Plans a
+// captured graph uses are kept as long as the instance; others are dropped oldest first
+// beyond 32.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -83,9 +85,10 @@ class AlgProj {
   int64_t K() const { return widths_.K(); }
   int64_t N() const { return widths_.N(); }
 
-  // y = Φ_W(x), assigned.
+  // y = Φ_W(x), assigned, or y += Φ_W(x) when accumulate (one rounding with the fused
+  // kernels, two with the products schedule).
   void forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y,
-               cudaStream_t stream = 0) const;
+               cudaStream_t stream = 0, bool accumulate = false) const;
   // dx (assigned, bf16) and dw (assigned, or added to when accumulate_dw; fp32) of forward;
   // either may be null.
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -114,6 +117,7 @@ class AlgProj {
     Tensor rows_a;   // bf16 gathered rows of x or dy
     Tensor rows_b;   // bf16 gathered rows of dy (dW)
     Tensor indices;  // int64 row indices of every gathered type, concatenated
+    Tensor sum;      // bf16 [M, N]: the products of an accumulating forward
   };
 
   algebra::Law law_;
@@ -135,9 +139,9 @@ class AlgProj {
     const void* tiles = nullptr;
     const ops::AlgSegment* segments = nullptr;
     int num_tiles = 0;
-    int64_t rows_per_class = 0;  // smallest class size (for the default choice)
+    bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives
   };
-  const DevicePlan& plan(ops::AlgPass pass, int config, const std::vector<int>& types) const;
+  const DevicePlan& plan(ops::AlgPass pass, int config, const std::vector<int>& types, cudaStream_t stream) const;
   AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
                    const std::function<void(const AlgKernel&)>& run) const;
   void run_fused(ops::AlgPass pass, int config, const Tensor& a, const Tensor& w, const Tensor* x,

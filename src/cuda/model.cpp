@@ -212,7 +212,6 @@ struct GpuModel::Acts {
   std::vector<LayerActs> layers;   // one per layer when training, else one shared slot
   Tensor tokens, targets;          // int32 [N]
   Tensor x_final, hf, mean_f, rstd_f, logits, dlogits, row_loss, loss;
-  Tensor ffn_out;                  // [N, D]: an algebraic down projection before it is added
   Tensor last_x, last_h, last_mean, last_rstd;  // prefill: the last position's rows
   std::vector<int> row_types;
   // Backward scratch shared by the layers.
@@ -409,7 +408,6 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
   a->mean_f = vec(N);
   a->rstd_f = vec(N);
   a->logits = mat(N, padded_vocab(V));
-  a->ffn_out = mat(N, D);
   a->row_loss = vec(N);
   a->loss = vec(1);
   a->last_x = mat(B, D);
@@ -517,35 +515,29 @@ RelationKernelOptions relation_options(const model::ModelConfig& cfg) {
 }
 
 // An FFN projection: dense (with its bias) or algebraic with the rows' types; y assigned, or
-// (accumulate) y += x W with `scratch` holding the algebraic product.
+// y += x W (accumulate).
 void ffn_project(const Tensor& x, const DeviceParam& w, const DeviceParam& b, const AlgProj* alg,
-                 const std::vector<int>& types, Tensor& y, bool accumulate, Tensor& scratch, cudaStream_t s) {
+                 const std::vector<int>& types, Tensor& y, bool accumulate, cudaStream_t s) {
   if (!alg) {
     project(x, w, b, y, accumulate ? 1.0f : 0.0f, s);
     return;
   }
-  if (!accumulate) {
-    alg->forward(x, w.half, types, y, s);
-    return;
-  }
-  Tensor part = prefix(scratch, y.dim(0), y.dim(1));
-  alg->forward(x, w.half, types, part, s);
-  detail::launch_add_bf16(bf16(y), bf16(part), y.numel(), s);
+  alg->forward(x, w.half, types, y, s, accumulate);
 }
 
 }  // namespace
 
 // out += ffn(h): the gate and up projections into f_gate, f_up, the activation into f_act, then
-// the down projection added to out (`scratch` [rows, D] holds an algebraic product first).
+// the down projection added to out.
 void GpuModel::ffn_forward(const Layer& L, const std::vector<int>& types, const Tensor& h, Tensor& f_gate,
-                           Tensor& f_up, Tensor& f_act, Tensor& out, Tensor& scratch) {
+                           Tensor& f_up, Tensor& f_act, Tensor& out) {
   const cudaStream_t s = stream_;
   const AlgProj* up = ffn_up_proj_.get();
   timer_.mark("ffn projections", s);
   if (cfg_.ffn.kind == "swiglu") {
     if (up) {
-      ffn_project(h, L.ffn_gate, L.ffn_gate_b, up, types, f_gate, false, scratch, s);
-      ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, scratch, s);
+      ffn_project(h, L.ffn_gate, L.ffn_gate_b, up, types, f_gate, false, s);
+      ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, s);
     } else {
       const DeviceParam w[2] = {L.ffn_gate, L.ffn_up}, b[2] = {L.ffn_gate_b, L.ffn_up_b};
       Tensor* gate_up[2] = {&f_gate, &f_up};
@@ -554,12 +546,12 @@ void GpuModel::ffn_forward(const Layer& L, const std::vector<int>& types, const 
     timer_.mark("activation", s);
     swiglu_forward(f_gate, f_up, f_act, s);
   } else {
-    ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, scratch, s);
+    ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, s);
     timer_.mark("activation", s);
     gelu_forward(f_up, f_act, s);
   }
   timer_.mark("ffn projections", s);
-  ffn_project(f_act, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, out, true, scratch, s);
+  ffn_project(f_act, L.ffn_down, L.ffn_down_b, ffn_down_proj_.get(), types, out, true, s);
 }
 
 void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
@@ -640,7 +632,7 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
     Tensor& next = l + 1 < cfg_.n_layers ? A.slot(l + 1).x_in : A.x_final;
     mark("residual copies");
     copy_async(next, a.x_mid, s);
-    ffn_forward(L, A.row_types, a.h2, a.f_gate, a.f_up, a.f_act, next, A.ffn_out);
+    ffn_forward(L, A.row_types, a.h2, a.f_gate, a.f_up, a.f_act, next);
   }
 
   mark("norm");
@@ -897,7 +889,7 @@ std::unique_ptr<GpuDecodeState> GpuModel::new_decode_state(int64_t B, int64_t ca
       st->cache_b_[l] = device_empty({B, capacity, heads, Dh}, kBF16);
     }
   }
-  for (Tensor* t : {&st->x_, &st->h_, &st->mixed_, &st->y_, &st->out_}) *t = device_empty({B, D}, kBF16);
+  for (Tensor* t : {&st->x_, &st->h_, &st->mixed_, &st->y_}) *t = device_empty({B, D}, kBF16);
   std::vector<Tensor> abc = adjacent_mats(3, B, D);  // one batched GEMM writes q, k, v (p1, p2, I)
   st->a_ = abc[0];
   st->b_ = abc[1];
@@ -1013,7 +1005,7 @@ void GpuModel::decode_step(GpuDecodeState& st) {
     project(st.y_, L.w_out, L.b_out, st.x_, 1.0f, s);  // x += y W_O (in place: C = D = x)
     mark("norm");
     norm_forward(cfg_, st.x_, L.norm2_w, L.norm2_b, st.h_, st.mean_, st.rstd_, s);
-    ffn_forward(L, st.row_types_, st.h_, st.f_gate_, st.f_up_, st.f_act_, st.x_, st.out_);
+    ffn_forward(L, st.row_types_, st.h_, st.f_gate_, st.f_up_, st.f_act_, st.x_);
   }
   mark("norm");
   norm_forward(cfg_, st.x_, norm_f_w_, norm_f_b_, st.h_, st.mean_, st.rstd_, s);

@@ -120,7 +120,7 @@ class GpuModel {
   void ensure_acts(int64_t B, int64_t T, bool training);
   void forward(Acts& acts, Mode mode, GpuDecodeState* state);
   void ffn_forward(const Layer& L, const std::vector<int>& types, const Tensor& h, Tensor& f_gate, Tensor& f_up,
-                   Tensor& f_act, Tensor& out, Tensor& scratch);
+                   Tensor& f_act, Tensor& out);
   void project_head(const Tensor& h, void* logits, int64_t ldc) const;
   void head_and_loss(Acts& acts, bool with_grad, float grad_scale);
   void backward(Acts& acts);
@@ -166,7 +166,7 @@ class GpuDecodeState {
   Tensor pos_dev_, tokens_;                   // int32 in F32-sized storage
   std::vector<Tensor> cache_a_, cache_b_;     // A: K, V; F: p2, Ĩ — [B, capacity, heads, Dh]
   std::vector<Tensor> state_;                 // L: C, F32 [B, H, Dh, Dh]
-  Tensor x_, h_, a_, b_, c_, mixed_, y_, out_, mean_, rstd_, gate_, r_down_;
+  Tensor x_, h_, a_, b_, c_, mixed_, y_, mean_, rstd_, gate_, r_down_;
   Tensor f_gate_, f_up_, f_act_, logits_;
   std::vector<int> row_types_;
   int32_t* pinned_ = nullptr;                 // host staging of the prompt / position

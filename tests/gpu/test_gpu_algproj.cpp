@@ -156,7 +156,13 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
   }
   if (kernels.forward) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::Forward), *kernels.forward);
   if (kernels.dw) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DW), *kernels.dw);
-  // dw accumulates when asked: dw (= the gradient) + the gradient again.
+  // y and dw accumulate when asked: the result + the result again.
+  gpu.forward(xd, wd, types, y, nullptr, true);
+  Tensor y_twice = y_ref.clone();
+  for (int64_t i = 0; i < y_twice.numel(); ++i) y_twice.data<double>()[i] *= 2;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // One more bf16 rounding (two with the products schedule) of a value twice as large.
+  EXPECT_LE(rel_error(to_host_f64(y), y_twice), bound(K, q, y_abs, y_ref, kBf16Unit) + 2 * kBf16Unit);
   gpu.backward(xd, wd, dyd, types, nullptr, &dw, nullptr, true);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   Tensor twice = dw_ref.clone();
