@@ -282,6 +282,8 @@ bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (
 
 std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Products) return "products";
+  if (k.kind == AlgKernel::Kind::Gemv)
+    return fmt::format("gemv {}x{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols);
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}", c.rows, c.cols, c.chunk, c.stages);
 }
@@ -290,15 +292,17 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
   std::vector<AlgKernel> out{{AlgKernel::Kind::Products, 0}};
   const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
   for (int c = 0; c < n; ++c) out.push_back({AlgKernel::Kind::Fused, c});
+  if (pass == ops::AlgPass::Forward)
+    for (int c = 0; c < detail::kAlgGemvConfigCount; ++c) out.push_back({AlgKernel::Kind::Gemv, c});
   return out;
 }
 
-const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const std::vector<int>& types,
+const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,
                                           cudaStream_t stream) const {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   QV_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   for (size_t i = 0; i < plans_.size(); ++i)
-    if (plans_[i].pass == pass && plans_[i].config == config && plans_[i].types == types) {
+    if (plans_[i].pass == pass && plans_[i].kernel == kernel && plans_[i].types == types) {
       plans_[i].captured = plans_[i].captured || capture != cudaStreamCaptureStatusNone;
       return plans_[i];
     }
@@ -311,10 +315,17 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const st
     auto old = std::find_if(plans_.begin(), plans_.end(), [](const DevicePlan& d) { return !d.captured; });
     if (old != plans_.end()) plans_.erase(old);
   }
-  const detail::AlgKernelConfig& t = kernel_config(pass, config);
+  int tile_rows, tile_cols;
+  if (kernel.kind == AlgKernel::Kind::Gemv) {
+    tile_rows = detail::kAlgGemvConfigs[kernel.config].rows;
+    tile_cols = detail::kAlgGemvConfigs[kernel.config].cols;
+  } else {
+    tile_rows = kernel_config(pass, kernel.config).rows;
+    tile_cols = kernel_config(pass, kernel.config).cols;
+  }
   DevicePlan d;
   d.pass = pass;
-  d.config = config;
+  d.kernel = kernel;
   d.types = types;
   std::vector<char> bytes;
   auto append = [&](const void* src, size_t n) {
@@ -325,12 +336,12 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const st
   };
   size_t rows_at, tiles_at, segs_at = 0;
   if (pass == ops::AlgPass::DW) {
-    const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, t.rows, t.cols);
+    const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     d.num_tiles = static_cast<int>(p.tiles.size());
   } else {
-    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, t.rows, t.cols);
+    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -348,9 +359,11 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, int config, const st
   return plans_.back();
 }
 
-void AlgProj::run_fused(ops::AlgPass pass, int config, const Tensor& a, const Tensor& w, const Tensor* x,
-                        const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream) const {
-  const DevicePlan& d = plan(pass, config, types, stream);
+void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w,
+                        const Tensor* x, const std::vector<int>& types, Tensor& out, bool accumulate,
+                        cudaStream_t stream) const {
+  const DevicePlan& d = plan(pass, kernel, types, stream);
+  const int config = kernel.config;
   if (pass == ops::AlgPass::DW) {
     detail::AlgWeightArgs args{};
     args.x = static_cast<const uint16_t*>(x->raw());
@@ -379,7 +392,10 @@ void AlgProj::run_fused(ops::AlgPass pass, int config, const Tensor& a, const Te
   args.tiles = static_cast<const ops::AlgRowTile*>(d.tiles);
   args.segments = d.segments;
   args.num_tiles = d.num_tiles;
-  detail::launch_algproj_rows(args, config, fused_vec_, stream);
+  if (kernel.kind == AlgKernel::Kind::Gemv)
+    detail::launch_algproj_gemv(args, config, stream);
+  else
+    detail::launch_algproj_rows(args, config, fused_vec_, stream);
 }
 
 AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
@@ -393,6 +409,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
              law_.name());
     QV_CHECK(pin->kind == AlgKernel::Kind::Products || fused_ok,
              "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
+    QV_CHECK(pin->kind != AlgKernel::Kind::Gemv || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
+             "algproj: the few-row kernel runs the forward only, with group offsets that are multiples of 8");
     return *pin;
   }
   // Tensors not aligned for the fused copies (views into a packed buffer, say) use the products.
@@ -411,6 +429,10 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       const int limit = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
       if (kind == "products" || (kind == "fused" && config >= 0 && config < limit)) {
         best = {kind == "products" ? AlgKernel::Kind::Products : AlgKernel::Kind::Fused, config};
+        known = true;
+      } else if (kind == "gemv" && pass == ops::AlgPass::Forward && fused_vec_ == 8 && config >= 0 &&
+                 config < detail::kAlgGemvConfigCount) {
+        best = {AlgKernel::Kind::Gemv, config};
         known = true;
       }
     } catch (const std::exception&) {
@@ -438,6 +460,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     float best_us = 0;
     nlohmann::json timings = nlohmann::json::object();
     for (const AlgKernel& k : kernel_candidates(pass)) {
+      // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
+      if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       run(k);  // warm: builds the plan, grows scratch
       float fastest = 0;
       for (int rep = 0; rep < 3; ++rep) {
@@ -459,9 +483,12 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     QV_CUDA_CHECK(cudaEventDestroy(stop));
     // Only the chosen kernel's plan stays.
     std::erase_if(plans_, [&](const DevicePlan& d) {
-      return d.pass == pass && d.types == types && !(best.kind == AlgKernel::Kind::Fused && d.config == best.config);
+      return d.pass == pass && d.types == types && !(d.kernel == best);
     });
-    calibration_store(key, {{"kernel", best.kind == AlgKernel::Kind::Products ? "products" : "fused"},
+    const char* kind = best.kind == AlgKernel::Kind::Products ? "products"
+                       : best.kind == AlgKernel::Kind::Fused  ? "fused"
+                                                              : "gemv";
+    calibration_store(key, {{"kernel", kind},
                             {"config", best.config},
                             {"name", kernel_name(pass, best)},
                             {"us", best_us},
@@ -485,8 +512,8 @@ void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& 
                static_cast<const uint16_t*>(w.raw()), &k_off_, &n_off_, N()};
   // Calibration times assigning calls; an accumulating call adds once, after the choice.
   auto run = [&](const AlgKernel& k, Tensor& target, bool add) {
-    if (k.kind == AlgKernel::Kind::Fused) {
-      run_fused(ops::AlgPass::Forward, k.config, x, w, nullptr, row_types, target, add, stream);
+    if (k.kind != AlgKernel::Kind::Products) {
+      run_fused(ops::AlgPass::Forward, k, x, w, nullptr, row_types, target, add, stream);
       return;
     }
     auto* out = static_cast<uint16_t*>(add ? ensure(scratch_.sum, M * N() * sizeof(uint16_t)) : target.raw());
@@ -525,7 +552,7 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
     const Pass p{false, DY, N, K, W, &k_off_, &n_off_, N};
     auto run = [&](const AlgKernel& k) {
       if (k.kind == AlgKernel::Kind::Fused) {
-        run_fused(ops::AlgPass::DX, k.config, dy, w, nullptr, row_types, *dx, false, stream);
+        run_fused(ops::AlgPass::DX, k, dy, w, nullptr, row_types, *dx, false, stream);
         return;
       }
       std::vector<RowSet> sets = group_rows(row_types, q, access_);
@@ -544,7 +571,7 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
   const DwProducts prod{X, DY, nullptr, M, K, N, k_off_, n_off_};
   auto run_into = [&](const AlgKernel& k, Tensor& target, bool accumulate) {
     if (k.kind == AlgKernel::Kind::Fused) {
-      run_fused(ops::AlgPass::DW, k.config, dy, w, &x, row_types, target, accumulate, stream);
+      run_fused(ops::AlgPass::DW, k, dy, w, &x, row_types, target, accumulate, stream);
       return;
     }
     DwProducts p = prod;

@@ -9,7 +9,9 @@
 //   list, so strided (cyclic), contiguous (interval) and arbitrary row types run alike. dX is
 //   the same kernel with the transposed law; dW gives each dW tile one block that reduces
 //   over the rows of the types using that block. Each output element has one owner, so the
-//   results are deterministic. Needs every group offset and width to be even.
+//   results are deterministic. Needs every group offset and width to be even. For a few rows
+//   (decoding) the forward also has a matrix-vector kernel on CUDA cores that reads each weight
+//   row of the tile's blocks once, in 16-byte vectors (offsets multiples of 8).
 // - products (diagonal then typed): the law's support cut into rectangles of contiguous
 //   (input-group, output-group) ranges exactly as ops::AlgProj does; the terms shared by every
 //   row type run once over all rows, then the rest per row type, each rectangle one cuda::gemm
@@ -58,10 +60,11 @@
 
 namespace quiver::cuda {
 
-// One pass's kernel: the products schedule, or the fused kernel with tile shape `config`
-// (an index into the pass's tile table, algproj_fused_launch.h).
+// One pass's kernel: the products schedule, the fused tensor-core kernel with configuration
+// `config` (an index into the pass's table, algproj_fused_launch.h), or (forward only) the
+// few-row kernel with configuration `config` of kAlgGemvConfigs.
 struct AlgKernel {
-  enum class Kind { Products, Fused };
+  enum class Kind { Products, Fused, Gemv };
   Kind kind = Kind::Fused;
   int config = 0;
   bool operator==(const AlgKernel&) const = default;
@@ -132,7 +135,7 @@ class AlgProj {
   // A tile plan on the device, for one pass, tile shape and row-type vector.
   struct DevicePlan {
     ops::AlgPass pass;
-    int config;
+    AlgKernel kernel;
     std::vector<int> types;
     Tensor buffer;  // rows, tiles, segments
     const int32_t* rows = nullptr;
@@ -141,10 +144,11 @@ class AlgProj {
     int num_tiles = 0;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives
   };
-  const DevicePlan& plan(ops::AlgPass pass, int config, const std::vector<int>& types, cudaStream_t stream) const;
+  const DevicePlan& plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,
+                         cudaStream_t stream) const;
   AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
                    const std::function<void(const AlgKernel&)>& run) const;
-  void run_fused(ops::AlgPass pass, int config, const Tensor& a, const Tensor& w, const Tensor* x,
+  void run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w, const Tensor* x,
                  const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream) const;
   int fused_vec_ = 0;  // copy granularity of the fused kernels (8, 2), 0 when unsupported
   Kernels pinned_;

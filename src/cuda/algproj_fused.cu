@@ -1,7 +1,7 @@
 // Fused algebraic-projection kernels (algproj_fused_launch.h): the row pass (forward and dX)
 // and the weight pass (dW) over the tile plans of ops/algproj_tiles.h.
 //
-// Row pass, one block per tile: the tile's rows are gathered through the plan's row list (a
+// Row pass, persistent blocks over the tiles: the tile's rows are gathered through the plan's row list (a
 // type's rows may be strided, contiguous or arbitrary: the copy addresses each row anyway),
 // and the reduction walks the tile's segments in chunks of kChunk columns, so both endpoint
 // products of a Q_q row (x_α W_αδ and x_δ W_δδ) are accumulated in registers before the one
@@ -18,6 +18,7 @@
 // padded by 8 elements so the 8 rows of one ldmatrix fall in distinct banks.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -118,6 +119,9 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MI][NI][4], const uint16_
 }
 
 // ---- Row pass -------------------------------------------------------------------------------
+// Persistent: a block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... and its pipeline runs
+// across them, so the next tile's first chunks load while a tile finishes and writes out (the
+// tiles are short: a Q_q forward tile reduces over 2·K/q columns).
 template <int I, bool kBTrans, int VEC>
 __global__ void __launch_bounds__(RowCfg<I>::kThreads)
     algproj_rows_kernel(const AlgRowArgs p) {
@@ -127,90 +131,128 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads)
   constexpr int A_LD = kChunk + 8;
   constexpr int B_ROWS = kBTrans ? BN : kChunk, B_LD = kBTrans ? kChunk + 8 : BN + 8;
   constexpr int kAStage = BM * A_LD, kBStage = B_ROWS * B_LD;
+  constexpr int kAVecs = BM * (kChunk / VEC);                   // copies of one A chunk
+  constexpr int kAPerThread = (kAVecs + kThreads - 1) / kThreads;  // fixed (row, col) slots per thread
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* sA = smem;
   uint16_t* sB = smem + kStages * kAStage;
-  __shared__ int32_t s_rows[BM];
-
-  const ops::AlgRowTile t = p.tiles[blockIdx.x];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int i = tid; i < BM; i += kThreads) s_rows[i] = i < t.row_count ? p.rows[t.row_begin + i] : -1;
-  int chunks = 0;
-  for (int s = 0; s < t.seg_count; ++s) chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
-  __syncthreads();
 
-  // The loader walks (segment, offset) one chunk at a time.
-  int load_seg = 0, load_off = 0;
-  ops::AlgSegment seg = t.seg_count > 0 ? p.segments[t.seg_begin] : ops::AlgSegment{0, 0};
+  // ---- loader: walks (tile, segment, offset) one chunk at a time ----
+  int lt = blockIdx.x;  // tile being loaded
+  ops::AlgRowTile ltile{};
+  ops::AlgSegment lseg{0, 0};
+  int lseg_i = 0, loff = 0;
+  int32_t a_row[kAPerThread];  // this thread's A rows in the loaded tile (-1: none)
+  auto begin_tile = [&] {
+    for (; lt < p.num_tiles; lt += gridDim.x) {
+      ltile = p.tiles[lt];
+      if (ltile.seg_count > 0) break;  // tiles without segments only write zeros
+    }
+    if (lt >= p.num_tiles) return;
+    lseg_i = 0;
+    loff = 0;
+    lseg = p.segments[ltile.seg_begin];
+#pragma unroll
+    for (int j = 0; j < kAPerThread; ++j) {
+      const int i = tid + j * kThreads, r = i / (kChunk / VEC);
+      a_row[j] = i < kAVecs && r < ltile.row_count ? p.rows[ltile.row_begin + r] : -1;
+    }
+  };
   auto load = [&](int stage) {
-    const int k0 = seg.k0 + load_off, klen = min(kChunk, seg.len - load_off);
+    if (lt >= p.num_tiles) return;
+    const int k0 = lseg.k0 + loff, klen = min(kChunk, lseg.len - loff);
     uint16_t* a_dst = sA + stage * kAStage;
-    for (int i = tid; i < BM * (kChunk / VEC); i += kThreads) {
+#pragma unroll
+    for (int j = 0; j < kAPerThread; ++j) {
+      const int i = tid + j * kThreads;
+      if (i >= kAVecs) break;
       const int r = i / (kChunk / VEC), c = (i % (kChunk / VEC)) * VEC;
-      const int row = s_rows[r];
-      const bool ok = row >= 0 && c < klen;
-      cp_async<2 * VEC>(a_dst + r * A_LD + c, ok ? p.a + row * p.lda + k0 + c : p.a, ok);
+      const bool ok = a_row[j] >= 0 && c < klen;
+      cp_async<2 * VEC>(a_dst + r * A_LD + c, ok ? p.a + static_cast<int64_t>(a_row[j]) * p.lda + k0 + c : p.a, ok);
     }
     uint16_t* b_dst = sB + stage * kBStage;
     if constexpr (!kBTrans) {
       for (int i = tid; i < kChunk * (BN / VEC); i += kThreads) {
         const int kr = i / (BN / VEC), c = (i % (BN / VEC)) * VEC;
-        const bool ok = kr < klen && c < t.ncols;
-        cp_async<2 * VEC>(b_dst + kr * B_LD + c, ok ? p.w + (k0 + kr) * p.ldw + t.col0 + c : p.w, ok);
+        const bool ok = kr < klen && c < ltile.ncols;
+        cp_async<2 * VEC>(b_dst + kr * B_LD + c,
+                          ok ? p.w + static_cast<int64_t>(k0 + kr) * p.ldw + ltile.col0 + c : p.w, ok);
       }
     } else {
       for (int i = tid; i < BN * (kChunk / VEC); i += kThreads) {
         const int j = i / (kChunk / VEC), c = (i % (kChunk / VEC)) * VEC;
-        const bool ok = j < t.ncols && c < klen;
-        cp_async<2 * VEC>(b_dst + j * B_LD + c, ok ? p.w + (t.col0 + j) * p.ldw + k0 + c : p.w, ok);
+        const bool ok = j < ltile.ncols && c < klen;
+        cp_async<2 * VEC>(b_dst + j * B_LD + c,
+                          ok ? p.w + static_cast<int64_t>(ltile.col0 + j) * p.ldw + k0 + c : p.w, ok);
       }
     }
-    load_off += kChunk;
-    if (load_off >= seg.len && ++load_seg < t.seg_count) {
-      seg = p.segments[t.seg_begin + load_seg];
-      load_off = 0;
+    loff += kChunk;
+    if (loff >= lseg.len) {
+      if (++lseg_i < ltile.seg_count) {
+        lseg = p.segments[ltile.seg_begin + lseg_i];
+        loff = 0;
+      } else {
+        lt += gridDim.x;
+        begin_tile();
+      }
     }
   };
 
-  float acc[MI][NI][4] = {};
+  // ---- compute: the same tile sequence, one chunk per loop step ----
   const int warp_row0 = (warp / WN) * (BM / WM), warp_col0 = (warp % WN) * (BN / WN);
+  const int grp = lane >> 2, tig = lane & 3;
+  begin_tile();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < chunks) load(s);
+    load(s);
     cp_async_commit();
   }
-  for (int c = 0; c < chunks; ++c) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (c + kStages - 1 < chunks) load((c + kStages - 1) % kStages);
-    cp_async_commit();
-    const int stage = c % kStages;
-    mma_chunk<kChunk, MI, NI, false, kBTrans, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage,
-                                                  warp_row0, warp_col0, lane);
-  }
-
-  const int grp = lane >> 2, tig = lane & 3;
+  int step = 0;  // chunks consumed by this block
+  for (int ct = blockIdx.x; ct < p.num_tiles; ct += gridDim.x) {
+    const ops::AlgRowTile t = p.tiles[ct];
+    int chunks = 0;
+    for (int s = 0; s < t.seg_count; ++s) chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
+    int32_t out_row[MI][2];  // output rows of this thread's accumulators (-1: none)
 #pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp_row0 + mi * 16 + grp + h * 8;
-      if (r >= t.row_count) continue;
-      uint16_t* out = p.c + static_cast<int64_t>(s_rows[r]) * p.ldc + t.col0;
-#pragma unroll
-      for (int ni = 0; ni < NI; ++ni) {
-        const int col = warp_col0 + ni * 8 + 2 * tig;
-        if (col >= t.ncols) continue;
-        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-        auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
-        if (p.accumulate) {
-          const float2 old = __bfloat1622float2(*dst);
-          v0 += old.x;
-          v1 += old.y;
-        }
-        *dst = __floats2bfloat162_rn(v0, v1);
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_row0 + mi * 16 + grp + h * 8;
+        out_row[mi][h] = r < t.row_count ? p.rows[t.row_begin + r] : -1;
       }
+    float acc[MI][NI][4] = {};
+    for (int c = 0; c < chunks; ++c, ++step) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      load((step + kStages - 1) % kStages);
+      cp_async_commit();
+      const int stage = step % kStages;
+      mma_chunk<kChunk, MI, NI, false, kBTrans, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage,
+                                                            warp_row0, warp_col0, lane);
     }
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (out_row[mi][h] < 0) continue;
+        uint16_t* out = p.c + static_cast<int64_t>(out_row[mi][h]) * p.ldc + t.col0;
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int col = warp_col0 + ni * 8 + 2 * tig;
+          if (col >= t.ncols) continue;
+          float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+          auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
+          if (p.accumulate) {
+            const float2 old = __bfloat1622float2(*dst);
+            v0 += old.x;
+            v1 += old.y;
+          }
+          *dst = __floats2bfloat162_rn(v0, v1);
+        }
+      }
+  }
+  cp_async_wait<0>();
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
@@ -289,16 +331,101 @@ __global__ void __launch_bounds__(WeightCfg<I>::kThreads)
     }
 }
 
-// Launches `kernel` with its dynamic shared memory (opted in once per kernel).
+// ---- Few-row forward (decode) -----------------------------------------------------------------
+// One block of 256 threads per tile: each thread owns 8 output columns (one 16-byte weight
+// vector per weight row) of the tile and a stripe of its weight rows, and accumulates all R rows
+// of the tile in fp32; warps then reduce by shuffles and the block through shared memory, in
+// a fixed order. A weight row is read once per tile, by kLanes threads in one 128- or 64-byte
+// run.
+constexpr int kGemvThreads = 256;
+
+template <int R, int COLS>
+__global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRowArgs p) {
+  constexpr int kLanes = COLS / 8;                    // threads per weight row
+  constexpr int kRowsPerPass = kGemvThreads / kLanes;  // weight rows per pass of the block
+  constexpr int kWarps = kGemvThreads / 32;
+  __shared__ float partial[kWarps][R][COLS];
+  const ops::AlgRowTile t = p.tiles[blockIdx.x];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int c = (tid % kLanes) * 8, krow = tid / kLanes;
+  const bool col_ok = c < t.ncols;
+  int64_t row_off[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) row_off[r] = r < t.row_count ? static_cast<int64_t>(p.rows[t.row_begin + r]) * p.lda : -1;
+  float acc[R][8] = {};
+  for (int s = 0; s < t.seg_count; ++s) {
+    const ops::AlgSegment seg = p.segments[t.seg_begin + s];
+#pragma unroll 4
+    for (int k = krow; k < seg.len; k += kRowsPerPass) {
+      const int kk = seg.k0 + k;
+      uint4 wv = make_uint4(0, 0, 0, 0);
+      if (col_ok) wv = __ldg(reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(kk) * p.ldw + t.col0 + c));
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+      float wf[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(w2[j]);
+        wf[2 * j] = f.x;
+        wf[2 * j + 1] = f.y;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (row_off[r] < 0) continue;
+        const float xv = __bfloat162float(__ushort_as_bfloat16(__ldg(p.a + row_off[r] + kk)));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(xv, wf[j], acc[r][j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = kLanes; off < 32; off <<= 1)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], off);
+  if (lane < kLanes)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) partial[warp][r][c + j] = acc[r][j];
+  __syncthreads();
+  for (int i = tid; i < R * COLS; i += kGemvThreads) {
+    const int r = i / COLS, col = i % COLS;
+    if (r >= t.row_count || col >= t.ncols) continue;
+    float v = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += partial[w][r][col];
+    uint16_t* dst = p.c + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
+    if (p.accumulate) v += __bfloat162float(__ushort_as_bfloat16(*dst));
+    *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+template <int... I>
+void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  auto one = [&](auto index) {
+    constexpr AlgGemvConfig cfg = kAlgGemvConfigs[decltype(index)::value];
+    if (a.num_tiles == 0) return;
+    algproj_gemv_kernel<cfg.rows, cfg.cols><<<a.num_tiles, kGemvThreads, 0, stream>>>(a);
+    QV_CUDA_CHECK(cudaGetLastError());
+  };
+  ((config == I ? one(std::integral_constant<int, I>{}) : void()), ...);
+}
+
+// Launches `kernel` with its dynamic shared memory (opted in once per kernel): one block per
+// tile, or (persistent) at most as many blocks as fit on the GPU at once.
 template <auto kernel, class Args>
-void launch(int threads, size_t smem, int blocks, const Args& args, cudaStream_t stream) {
-  static const bool opted = [&] {
+void launch(int threads, size_t smem, int tiles, bool persistent, const Args& args, cudaStream_t stream) {
+  static const int resident = [&] {
     QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return true;
+    int dev = 0, sms = 0, per_sm = 0;
+    QV_CUDA_CHECK(cudaGetDevice(&dev));
+    QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    QV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    return std::max(1, per_sm) * sms;
   }();
-  (void)opted;
-  if (blocks == 0) return;
-  kernel<<<blocks, threads, smem, stream>>>(args);
+  if (tiles == 0) return;
+  kernel<<<persistent ? std::min(tiles, resident) : tiles, threads, smem, stream>>>(args);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -308,10 +435,10 @@ void rows_config(const AlgRowArgs& a, cudaStream_t stream) {
   const size_t a_bytes = size_t(G::kStages) * G::BM * (G::kChunk + 8) * 2;
   if (a.w_transposed)
     launch<algproj_rows_kernel<I, true, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::BN * (G::kChunk + 8) * 2,
-                                             a.num_tiles, a, stream);
+                                              a.num_tiles, true, a, stream);
   else
     launch<algproj_rows_kernel<I, false, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::kChunk * (G::BN + 8) * 2,
-                                              a.num_tiles, a, stream);
+                                               a.num_tiles, true, a, stream);
 }
 
 template <int VEC, int... I>
@@ -323,7 +450,7 @@ template <int I, int VEC>
 void weights_config(const AlgWeightArgs& a, cudaStream_t stream) {
   using G = WeightCfg<I>;
   const size_t smem = size_t(G::kStages) * G::kChunk * ((G::BM + 8) + (G::BN + 8)) * 2;
-  launch<algproj_weights_kernel<I, VEC>>(G::kThreads, smem, a.num_tiles, a, stream);
+  launch<algproj_weights_kernel<I, VEC>>(G::kThreads, smem, a.num_tiles, false, a, stream);
 }
 
 template <int VEC, int... I>
@@ -341,6 +468,10 @@ void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream
     rows_vec<4>(args, config, stream, configs);
   else
     rows_vec<2>(args, config, stream, configs);
+}
+
+void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream) {
+  gemv_configs(args, config, stream, std::make_integer_sequence<int, kAlgGemvConfigCount>{});
 }
 
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream) {

@@ -36,6 +36,14 @@ constexpr AlgKernelConfig kAlgWeightConfigs[] = {
 };
 constexpr int kAlgWeightConfigCount = sizeof(kAlgWeightConfigs) / sizeof(kAlgWeightConfigs[0]);
 
+// Few-row forward kernels (decode): matrix-vector products on CUDA cores, R rows per tile at
+// most, `cols` output columns per tile (one 16-byte weight vector per thread and row).
+struct AlgGemvConfig {
+  int rows, cols;
+};
+constexpr AlgGemvConfig kAlgGemvConfigs[] = {{1, 64}, {1, 32}, {2, 64}, {4, 64}, {8, 64}, {8, 32}};
+constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvConfigs[0]);
+
 struct AlgRowArgs {
   const uint16_t* a;  // [M, lda] bf16: x (forward) or dy (dX)
   int64_t lda;
@@ -65,6 +73,8 @@ struct AlgWeightArgs {
 };
 
 void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream);
+// The forward over a plan with at most kAlgGemvConfigs[config].rows rows per tile; needs vec 8.
+void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);
 
 }  // namespace quiver::cuda::detail

@@ -347,3 +347,32 @@ TEST(GpuAlgProj, FusedNeedsEvenWidths) {
     EXPECT_NE(std::string(e.what()).find("even group offsets"), std::string::npos) << e.what();
   }
 }
+
+TEST(GpuAlgProj, FewRowKernelsForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The few-row (decode) forward kernels, each configuration, including more rows of a type
+  // than a tile holds (several tiles per class) and mixed types; dX and dW stay calibrated.
+  const Case wide_q2x2{"Q2xQ2", {}, {}, 128, 256}, wide_dense{"dense:4", {}, {}, 64, 128};
+  int configs = 0;
+  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::Forward))
+    configs += k.kind == AlgKernel::Kind::Gemv;
+  ASSERT_GE(configs, 2);
+  for (int c = 0; c < configs; ++c) {
+    SCOPED_TRACE("gemv config " + std::to_string(c));
+    const cuda::AlgProj::Kernels k{AlgKernel{AlgKernel::Kind::Gemv, c}, std::nullopt, std::nullopt};
+    for (const Case* cs : {&kWide, &wide_q2x2, &wide_dense}) {
+      check_case(*cs, {2}, 201 + c, k);
+      check_case(*cs, {3, 1, 3}, 211 + c, k);
+      check_case(*cs, make_types(Sched::Cyclic, 37, 4, 3), 221 + c, k);
+      check_case(*cs, make_types(Sched::Random, 19, 4, 5), 231 + c, k);
+    }
+  }
+  // Only the forward has it, and only with offsets that are multiples of 8.
+  cuda::AlgProj narrow(algebra::Law::parse("Q4"), widths_of(kUnequalEven, 4));
+  narrow.set_kernels({AlgKernel{AlgKernel::Kind::Gemv, 0}, std::nullopt, std::nullopt});
+  Tensor x = Tensor::empty({1, narrow.K()}, DType::BF16, Device::CUDA);
+  Tensor w = Tensor::empty({narrow.K(), narrow.N()}, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty({1, narrow.N()}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(narrow.forward(x, w, {0}, y), Error);
+}
