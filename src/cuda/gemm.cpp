@@ -4,6 +4,8 @@
 #include <array>
 #include <limits>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -14,10 +16,15 @@
 #include "cuda/gemm_launch.h"
 #include "quiver/error.h"
 
+
 namespace quiver::cuda {
 
 namespace {
-std::atomic<bool> autotune{true};
+// On unless QUIVER_GEMM_AUTOTUNE=0.
+std::atomic<bool> autotune{[] {
+  const char* env = std::getenv("QUIVER_GEMM_AUTOTUNE");
+  return !(env && std::string(env) == "0");
+}()};
 }  // namespace
 
 void set_gemm_autotune(bool enabled) { autotune.store(enabled); }

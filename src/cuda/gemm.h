@@ -27,9 +27,10 @@
 // for up to 8 candidates, runs each on `stream` (one untimed and two timed runs) and keeps the
 // fastest. That first call synchronizes the host and, when beta ≠ 0, saves C's window in a
 // temporary device buffer (cudaMalloc) and restores it after the timed runs; windows over
-// 256 MiB with beta ≠ 0, plans built under stream capture and set_gemm_autotune(false) keep
-// the heuristic's first choice. Every later call launches on `stream` without synchronizing
-// the host. The choice depends on timings, so two processes may run different kernels (the
+// 256 MiB with beta ≠ 0, plans built under stream capture, and all plans after
+// set_gemm_autotune(false) or with QUIVER_GEMM_AUTOTUNE=0 in the environment keep the
+// heuristic's first choice. Every later call launches on `stream` without synchronizing the
+// host. The choice depends on timings, so two processes may run different kernels (the
 // same product up to fp32 summation order).
 #pragma once
 #include <cstddef>
