@@ -460,7 +460,10 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     float best_us = 0;
     nlohmann::json timings = nlohmann::json::object();
     for (const AlgKernel& k : kernel_candidates(pass)) {
-      // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
+      // Where the fused kernels apply, only they are timed: each output element has one owner
+      // (the products schedule adds several GEMMs into one element). The few-row kernels read
+      // 16-byte weight vectors and pay off only for few rows.
+      if (k.kind == AlgKernel::Kind::Products) continue;
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       run(k);  // warm: builds the plan, grows scratch
       float fastest = 0;

@@ -23,8 +23,9 @@
 // products schedule.
 //
 // Calibration: unless a kernel is pinned (set_kernels), the first call of a pass for a new
-// (GPU, law, widths, M, row types) times every candidate of that pass (kernel_candidates) on
-// the call's own tensors and keeps the fastest in the kernel cache (calibration.h), which
+// (GPU, law, widths, M, row types) times every fused candidate of that pass (kernel_candidates;
+// the products schedule runs only where the fused kernels cannot, or when pinned) on the
+// call's own tensors and keeps the fastest in the kernel cache (calibration.h), which
 // later calls and later processes read. Calibration synchronizes the stream once; during a
 // CUDA-graph capture, or with QUIVER_ALGPROJ_CALIBRATE=0, an uncalibrated call uses the
 // default choice (fused 64 × 128 tiles, 32- or 16-row tiles when few rows share a type)
