@@ -495,3 +495,72 @@ TEST_F(TrainerTest, SaveFailingBetweenTheTwoFilesLosesNothing) {
     EXPECT_EQ(std::memcmp(t.raw(), b.get(name).raw(), t.nbytes()), 0) << name;
   EXPECT_FALSE(fs::exists(path("split/model.prev.safetensors")));
 }
+
+namespace {
+
+// A training device that records the token rows each micro-batch hands it (and trains on the
+// CPU): what a rank of a data-parallel run is given.
+std::vector<std::vector<int32_t>> g_rows_seen;
+
+class RecordingEngine final : public Engine {
+ public:
+  RecordingEngine(model::Model& m, AdamW& a) : cpu_(make_cpu_engine(m, a)) {}
+  std::string description() const override { return "recorder"; }
+  void zero_grads() override { cpu_->zero_grads(); }
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float scale) override {
+    g_rows_seen.emplace_back(tokens, tokens + B * T);
+    cpu_->forward_backward(tokens, targets, B, T, scale);
+  }
+  StepResult optimizer_step(double lr, double clip) override { return cpu_->optimizer_step(lr, clip); }
+  double forward_loss(const int32_t* x, const int32_t* y, int64_t B, int64_t T) override {
+    return cpu_->forward_loss(x, y, B, T);
+  }
+  void sync_to_host() override { cpu_->sync_to_host(); }
+
+ private:
+  std::unique_ptr<Engine> cpu_;
+};
+
+std::unique_ptr<Engine> make_recorder(model::Model& m, AdamW& a, const Parallel&) {
+  return std::make_unique<RecordingEngine>(m, a);
+}
+
+}  // namespace
+
+TEST_F(TrainerTest, DataParallelRanksSplitTheGlobalMicroBatchAndOnlyRankZeroWrites) {
+  register_engine("recorder", &make_recorder);
+  auto run_as = [&](const std::string& out, int rank, int world) {
+    TrainOptions o = options(out);
+    o.device = "recorder";
+    o.micro_batch = 4;  // the global micro-batch
+    o.steps = 3;
+    o.parallel = {rank, world, ""};
+    g_rows_seen.clear();
+    run_training(o);
+    return g_rows_seen;
+  };
+  const auto whole = run_as("one", 0, 1);
+  const auto rank0 = run_as("r0", 0, 2);
+  const auto rank1 = run_as("r1", 1, 2);
+  ASSERT_EQ(whole.size(), 3u * 2u);  // steps × accum micro-batches
+  ASSERT_EQ(rank0.size(), whole.size());
+  ASSERT_EQ(rank1.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    // Rank r takes rows [2r, 2r + 2) of each global micro-batch of 4 rows.
+    std::vector<int32_t> joined = rank0[i];
+    joined.insert(joined.end(), rank1[i].begin(), rank1[i].end());
+    EXPECT_EQ(joined, whole[i]) << "micro-batch " << i;
+  }
+  EXPECT_TRUE(fs::exists(path("r0") + "/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(path("r1"))) << "a rank other than 0 wrote files";
+
+  TrainOptions odd = options("odd");
+  odd.device = "recorder";
+  odd.micro_batch = 3;
+  odd.parallel = {0, 2, ""};
+  expect_error([&] { run_training(odd); }, {"3", "2"});
+  TrainOptions cpu = options("cpu");
+  cpu.parallel = {1, 2, ""};
+  expect_error([&] { run_training(cpu); }, {"--device cuda"});
+  EXPECT_FALSE(fs::exists(path("cpu")));
+}

@@ -86,6 +86,7 @@ class GpuModel {
                         float grad_scale);
   // The sum of the losses added since the last call; waits for the stream.
   double take_loss_sum();
+  Tensor& loss_sum() { return loss_sum_; }  // F32 [1], device: the step's loss sum so far
   // Mean cross-entropy of one batch without gradients; waits for the stream.
   double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // logits [B, T, V] copied to the host as F32 (tests and tools); waits for the stream.

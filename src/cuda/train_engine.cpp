@@ -1,20 +1,30 @@
 #include "cuda/train_engine.h"
 
 #include <memory>
+#include <vector>
 
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/model.h"
+#include "cuda/nccl.h"
 #include "cuda/ops.h"
+#include "train/distributed.h"
 #include "train/engine.h"
 
 namespace quiver::cuda {
 
 namespace {
 
+// With world > 1, one rank of a data-parallel run (train/engine.h): each process drives the
+// one GPU it sees. The ranks start from rank 0's parameters (broadcast), and before each
+// optimizer step the flat gradient buffer is averaged over the ranks in buckets
+// (train::bucket_plan, reverse table order) together with the loss, so clipping and AdamW see
+// the global-batch gradient and every rank makes the same update. The all-reduce runs after
+// the backward, on the model's stream; overlapping it with the backward and sharding the
+// optimizer state (ZeRO-1) are not done yet.
 class CudaEngine final : public train::Engine {
  public:
-  CudaEngine(model::Model& host, train::AdamW& adam)
+  CudaEngine(model::Model& host, train::AdamW& adam, const train::Parallel& parallel)
       : host_(host),
         adam_(adam),
         model_(host.config()),
@@ -28,10 +38,22 @@ class CudaEngine final : public train::Engine {
     m_.copy_from(adam.m());
     v_.copy_from(adam.v());
     norm_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
+    flag_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
     QV_CUDA_CHECK(cudaMallocHost(&norm_host_, sizeof(float)));
+    QV_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(float)));
+    if (parallel.world > 1) {
+      comm_ = std::make_unique<Communicator>(parallel.rank, parallel.world, parallel.rendezvous);
+      constexpr int64_t kBucketBytes = int64_t{32} << 20;
+      for (const train::Bucket& b : train::bucket_plan(host.param_table(), kBucketBytes)) buckets_.push_back(b.range);
+      const cudaStream_t s = model_.stream();
+      comm_->broadcast(static_cast<float*>(model_.params().raw()), static_cast<size_t>(model_.params().numel()), s);
+      model_.params_changed();
+      QV_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
   }
   ~CudaEngine() override {
     if (norm_host_) cudaFreeHost(norm_host_);
+    if (flag_host_) cudaFreeHost(flag_host_);
   }
 
   std::string description() const override { return device_name(); }
@@ -45,6 +67,14 @@ class CudaEngine final : public train::Engine {
   }
   StepResult optimizer_step(double lr, double clip) override {
     const cudaStream_t s = model_.stream();
+    if (comm_) {
+      model_.timer().mark("gradient all-reduce", s);
+      auto* grads = static_cast<float*>(model_.grads().raw());
+      comm_->group_start();
+      for (const train::Range& r : buckets_) comm_->all_reduce_mean(grads + r.begin, static_cast<size_t>(r.size()), s);
+      comm_->all_reduce_mean(static_cast<float*>(model_.loss_sum().raw()), 1, s);
+      comm_->group_end();
+    }
     model_.timer().mark("optimizer (clip, AdamW, bf16 copy)", s);
     clip_grad_norm(model_.grads(), segments_, clip, norm_, s);
     ++step_;
@@ -66,6 +96,16 @@ class CudaEngine final : public train::Engine {
     adam_.v().copy_from(v_);
     adam_.set_steps_taken(step_);
   }
+  bool any_rank(bool flag) override {
+    if (!comm_) return flag;
+    const cudaStream_t s = model_.stream();
+    *flag_host_ = flag ? 1.0f : 0.0f;
+    QV_CUDA_CHECK(cudaMemcpyAsync(flag_.raw(), flag_host_, sizeof(float), cudaMemcpyHostToDevice, s));
+    comm_->all_reduce_max(static_cast<float*>(flag_.raw()), 1, s);
+    QV_CUDA_CHECK(cudaMemcpyAsync(flag_host_, flag_.raw(), sizeof(float), cudaMemcpyDeviceToHost, s));
+    QV_CUDA_CHECK(cudaStreamSynchronize(s));
+    return *flag_host_ != 0.0f;
+  }
 
  private:
   model::Model& host_;
@@ -73,14 +113,18 @@ class CudaEngine final : public train::Engine {
   GpuModel model_;
   DeviceParamSegments segments_;
   int64_t step_;
-  Tensor m_, v_, norm_;
+  Tensor m_, v_, norm_, flag_;
   float* norm_host_ = nullptr;
+  float* flag_host_ = nullptr;
+  std::unique_ptr<Communicator> comm_;  // data-parallel runs only
+  std::vector<train::Range> buckets_;
 };
 
-std::unique_ptr<train::Engine> make_cuda_engine(model::Model& model, train::AdamW& adam) {
+std::unique_ptr<train::Engine> make_cuda_engine(model::Model& model, train::AdamW& adam,
+                                                const train::Parallel& parallel) {
   QV_CHECK(device_count() > 0, "--device cuda: no CUDA device was found");
   register_backend();
-  return std::make_unique<CudaEngine>(model, adam);
+  return std::make_unique<CudaEngine>(model, adam, parallel);
 }
 
 }  // namespace

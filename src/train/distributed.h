@@ -9,13 +9,15 @@
 //
 // Gradients: buckets of whole parameter tensors in reverse table order (the backward finishes
 // the last layers first), each at most cap bytes of fp32 (a larger tensor is a bucket of its
-// own), all-reduced as soon as the backward has produced them. The flat table is contiguous,
-// so every bucket is one range of the flat gradient buffer.
+// own), meant to be all-reduced as soon as the backward has produced them (today's engine
+// all-reduces them after the whole backward). The flat table is contiguous, so every bucket is
+// one range of the flat gradient buffer.
 //
-// Optimizer state (ZeRO-1): rank r keeps AdamW's m and v only for its contiguous shard of the
-// flat buffer, updates those parameters, and the updated shards are all-gathered. Before a
-// checkpoint the shards are gathered into the full m and v, so checkpoints have the
-// single-device layout (train/trainer.h) and a run resumes on any number of GPUs.
+// Optimizer state (ZeRO-1, not used yet): rank r would keep AdamW's m and v only for its
+// contiguous shard of the flat buffer (shard_ranges), update those parameters and all-gather the
+// updated shards; before a checkpoint the shards would be gathered into the full m and v, so
+// checkpoints keep the single-device layout. Today's engine (cuda/train_engine.cpp) keeps the
+// whole state on every rank and all-reduces the buckets after the backward.
 #pragma once
 #include <chrono>
 #include <cstdint>

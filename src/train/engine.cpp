@@ -70,15 +70,21 @@ void check_engine_device(const std::string& device) {
   QV_CHECK(found, "training device '{}' is not available in this build (available: {})", device, known);
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam) {
-  if (device == "cpu") return make_cpu_engine(model, adam);
+std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam,
+                                    const Parallel& parallel) {
+  QV_CHECK(parallel.world >= 1 && parallel.rank >= 0 && parallel.rank < parallel.world,
+           "data-parallel rank {} of world {} is out of range", parallel.rank, parallel.world);
+  if (device == "cpu") {
+    QV_CHECK(parallel.world == 1, "data-parallel training over {} processes needs --device cuda", parallel.world);
+    return make_cpu_engine(model, adam);
+  }
   check_engine_device(device);
   EngineFactory factory = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     factory = factories().at(device);
   }
-  return factory(model, adam);
+  return factory(model, adam, parallel);
 }
 
 }  // namespace quiver::train

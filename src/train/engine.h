@@ -6,6 +6,12 @@
 //
 // The CPU engine computes in the host model and AdamW themselves. Other devices register a
 // factory (the CUDA backend: cuda::register_train_engine(), src/cuda/train_engine.h).
+//
+// Data parallelism (train/distributed.h): with world > 1 the engine is one of `world`
+// processes (ranks) that each run the same steps on their rows of the global micro-batch; the
+// engine averages the gradients and the loss over the ranks before the optimizer step, so every
+// rank holds the same parameters and optimizer state after it. Only a device whose factory
+// supports it accepts world > 1 (the CPU engine does not).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,16 +43,27 @@ class Engine {
   virtual double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) = 0;
   // Copies the parameters into the host model and m, v and the step count into the host AdamW.
   virtual void sync_to_host() = 0;
+  // Whether `flag` is true on any rank (a collective: every rank calls it at the same point);
+  // one process: flag itself. Ranks use it to stop at the same step.
+  virtual bool any_rank(bool flag) { return flag; }
+};
+
+// The process's place in a data-parallel run.
+struct Parallel {
+  int rank = 0, world = 1;
+  std::string rendezvous;  // file path through which rank 0 hands out the communicator id
 };
 
 std::unique_ptr<Engine> make_cpu_engine(model::Model& model, AdamW& adam);
 
 // A device's engine over the host model and AdamW (their state is uploaded at creation).
-using EngineFactory = std::unique_ptr<Engine> (*)(model::Model& model, AdamW& adam);
+using EngineFactory = std::unique_ptr<Engine> (*)(model::Model& model, AdamW& adam, const Parallel& parallel);
 void register_engine(const std::string& device, EngineFactory factory);
 // Throws, naming the devices this build offers, unless `device` is "cpu" or registered.
 void check_engine_device(const std::string& device);
-// "cpu", or a registered device; an error names the devices this build offers.
-std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam);
+// "cpu", or a registered device; an error names the devices this build offers. world > 1 needs
+// a device whose engine is data-parallel.
+std::unique_ptr<Engine> make_engine(const std::string& device, model::Model& model, AdamW& adam,
+                                    const Parallel& parallel = {});
 
 }  // namespace quiver::train

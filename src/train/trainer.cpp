@@ -20,6 +20,7 @@
 #include "quiver/parallel.h"
 #include "quiver/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/distributed.h"
 #include "train/plot.h"
 #include "train/shards.h"
 
@@ -543,6 +544,11 @@ TrainResult run_training(const TrainOptions& options) {
     blas::set_threads(options.threads);
   }
   check_engine_device(options.device);
+  const Parallel& parallel = options.parallel;
+  // In a data-parallel run every rank trains; only rank 0 writes files and shows progress.
+  const bool writer = parallel.rank == 0;
+  QV_CHECK(parallel.world == 1 || options.device != "cpu",
+           "data-parallel training over {} processes needs --device cuda", parallel.world);
   const bool resuming = !options.resume_dir.empty();
   RunStart start = resuming ? resume_run(options) : new_run(options);
   std::unique_ptr<model::Model>& model = start.model;
@@ -554,6 +560,9 @@ TrainResult run_training(const TrainOptions& options) {
 
   QV_CHECK(run.micro_batch >= 1, "--micro-batch must be ≥ 1, got {}", run.micro_batch);
   QV_CHECK(run.accum >= 1, "--accum must be ≥ 1, got {}", run.accum);
+  // --micro-batch is the global micro-batch: each rank takes its rows (an error unless the
+  // ranks divide it), so the data order does not depend on the number of GPUs.
+  const Range rows = rank_rows(run.micro_batch, parallel.rank, parallel.world);
   QV_CHECK(run.seq_len >= 1 && run.seq_len <= cfg.context, "--seq-len {} must be in [1, context = {}] of '{}'",
            run.seq_len, cfg.context, cfg.name);
   QV_CHECK(run.clip >= 0, "--clip must be ≥ 0 (0 = off), got {}", run.clip);
@@ -597,14 +606,15 @@ TrainResult run_training(const TrainOptions& options) {
       dataset.tokenizer.empty() ? "" : fs::absolute(dataset.tokenizer).lexically_normal().string();
 
   // The run folder.
-  fs::create_directories(out_dir);
   const std::string metrics_path = join_path(out_dir, kMetricsFile);
-  {
+  std::unique_ptr<MetricsWriter> metrics_out;
+  if (writer) {
+    fs::create_directories(out_dir);
     std::string kept;
     for (const MetricsLine& line : metrics) kept += line.text + "\n";
     write_text_atomic(metrics_path, kept);
+    metrics_out = std::make_unique<MetricsWriter>(metrics_path);
   }
-  MetricsWriter metrics_out(metrics_path);
 
   ojson dataset_json;
   dataset_json["dir"] = run.data_dir;
@@ -617,11 +627,13 @@ TrainResult run_training(const TrainOptions& options) {
   result.total_steps = run.steps;
   std::unique_ptr<Engine> engine;  // made once the optimizer state is in place
   auto write_run_json = [&](const char* status) {
+    if (!writer) return;
     ojson j;
     j["format"] = "quiver-run-1";
     j["status"] = status;
     for (const auto& [k, v] : options.run_info.items()) j[k] = v;
     j["device"] = engine ? engine->description() : options.device;
+    if (parallel.world > 1) j["data_parallel_ranks"] = parallel.world;
     j["config"] = model::config_to_json(cfg);
     j["num_params"] = model->num_params();
     j["options"] = run.to_json();
@@ -653,7 +665,7 @@ TrainResult run_training(const TrainOptions& options) {
     adam.v().copy_from(start.v);
     adam.set_steps_taken(state.adam_steps);
   }
-  engine = make_engine(options.device, *model, adam);
+  engine = make_engine(options.device, *model, adam, parallel);
   BatchLoader loader(train_split, run.micro_batch, run.seq_len, state.cursor);
   result.step = state.step;
   result.tokens = state.tokens;
@@ -670,6 +682,7 @@ TrainResult run_training(const TrainOptions& options) {
   const Clock::time_point session_start = Clock::now();
   auto elapsed_now = [&] { return state.elapsed_s + seconds_since(session_start); };
   auto save = [&] {
+    if (!writer) return;  // every rank holds the same state
     const Clock::time_point t0 = Clock::now();
     result.elapsed_s = elapsed_now();
     // Keep the last complete pair's model reachable until the new optimizer file is written, so
@@ -699,17 +712,17 @@ TrainResult run_training(const TrainOptions& options) {
   const std::string plot_title = fmt::format("{} ({} params)", cfg.name, human_count(double(model->num_params())));
 
   StopSignals signals;
-  StatusLine status(options.progress);
+  StatusLine status(options.progress && writer);
   const int64_t B = run.micro_batch, T = run.seq_len, A = run.accum;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
   const int64_t first_step = state.step;
   double train_time = 0;
 
-  if (first_step >= run.steps)
+  if (first_step >= run.steps && writer)
     fmt::print(stderr, "run '{}' is already at step {} of {}; nothing to do\n", out_dir, first_step, run.steps);
 
   while (result.step < run.steps) {
-    if (g_stop_signal != 0) {
+    if (engine->any_rank(g_stop_signal != 0)) {  // every rank stops at the same step
       result.interrupted = true;
       break;
     }
@@ -720,7 +733,8 @@ TrainResult run_training(const TrainOptions& options) {
       loader.next(tokens.data(), targets.data());
       result.time.data += seconds_since(t0);
       t0 = Clock::now();
-      engine->forward_backward(tokens.data(), targets.data(), B, T, 1.0f / static_cast<float>(A));
+      engine->forward_backward(tokens.data() + rows.begin * T, targets.data() + rows.begin * T, rows.size(), T,
+                               1.0f / static_cast<float>(A));
       result.time.forward_backward += seconds_since(t0);
     }
     // A device engine computes asynchronously: its forward and backward time shows up in the
@@ -752,9 +766,9 @@ TrainResult run_training(const TrainOptions& options) {
     line["tokens"] = result.tokens;
     line["tokens_per_s"] = static_cast<double>(run.tokens_per_step()) / step_s;
     const bool eval_now = result.step % run.eval_every == 0 || result.step == run.steps;
-    if (eval_now) {
+    if (eval_now && writer) {
       const Clock::time_point t0 = Clock::now();
-      const double val = evaluate(*engine, val_split, B, T);
+      const double val = evaluate(*engine, val_split, rows.size(), T);  // this rank's batch shape
       result.time.eval += seconds_since(t0);
       line["val_loss"] = val;
       result.last_val_loss = val;
@@ -763,12 +777,12 @@ TrainResult run_training(const TrainOptions& options) {
     result.elapsed_s = elapsed_now();
     line["elapsed_s"] = result.elapsed_s;
     const std::string text = line.dump();
-    metrics_out.append(text);
+    if (writer) metrics_out->append(text);
     metrics.push_back({text, json::parse(text)});
 
     const bool stop_here = options.stop_at > 0 && result.step >= options.stop_at;
     if (result.step % run.checkpoint_every == 0 || result.step == run.steps || stop_here) save();
-    if (eval_now) write_loss_plot(join_path(out_dir, kPlotFile), metrics, plot_title);
+    if (eval_now && writer) write_loss_plot(join_path(out_dir, kPlotFile), metrics, plot_title);
 
     const double rate = static_cast<double>((result.step - first_step) * run.tokens_per_step()) / train_time;
     const double per_step = seconds_since(session_start) / static_cast<double>(result.step - first_step);
@@ -784,12 +798,12 @@ TrainResult run_training(const TrainOptions& options) {
   }
   status.finish();
   if (result.step != checkpoint_step && result.step > first_step) save();
-  if (result.step > first_step) write_loss_plot(join_path(out_dir, kPlotFile), metrics, plot_title);
+  if (result.step > first_step && writer) write_loss_plot(join_path(out_dir, kPlotFile), metrics, plot_title);
   result.tokens_per_s =
       train_time > 0 ? static_cast<double>((result.step - first_step) * run.tokens_per_step()) / train_time : 0;
   result.elapsed_s = elapsed_now();
   write_run_json(result.step >= run.steps ? "finished" : "interrupted");
-  if (result.interrupted && g_stop_signal != 0)
+  if (result.interrupted && g_stop_signal != 0 && writer)
     fmt::print(stderr, "interrupted at step {} of {}; checkpoint saved; continue with --resume {}\n", result.step,
                run.steps, out_dir);
   return result;

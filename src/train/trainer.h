@@ -92,6 +92,9 @@ struct TrainOptions {
   std::optional<uint64_t> seed;  // initialization seed; default: the config's
   int threads = 0;          // 0: leave the thread count as it is
   std::string device = "cpu";  // "cpu" or "cuda" (train/engine.h); a run may resume on either
+  // This process's place in a data-parallel run (train/engine.h; the CLI's --gpus starts the
+  // ranks). --micro-batch stays the global micro-batch; rank r trains on its rows of it.
+  Parallel parallel;
   bool progress = true;     // the live line on stderr
   // Options the user gave explicitly (their CLI names without dashes: "lr", "micro-batch",
   // ...). On resume these must agree with the run's recorded options.

@@ -5,6 +5,7 @@
 
 #include "bench_util.h"
 #include "commands.h"
+#include "launch.h"
 #include "quiver/error.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   quiver::cli::register_op(app);
   quiver::cli::register_bench(app);
   quiver::cli::set_command_line(quiver::cli::command_line(argc, argv));
+  quiver::cli::record_argv(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,10 +9,12 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "core/progress.h"
+#include "launch.h"
 #include "quiver/parallel.h"
 #include "train/trainer.h"
 
 #ifdef QUIVER_HAVE_CUDA
+#include "cuda/backend.h"
 #include "cuda/train_engine.h"
 #endif
 
@@ -24,6 +26,7 @@ struct TrainArgs {
   train::TrainOptions options;
   uint64_t seed = 0;
   bool quiet = false;
+  int gpus = 1;
 };
 
 std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-"; }
@@ -34,6 +37,22 @@ void run(TrainArgs& args, CLI::App* cmd) {
     if (opt->count() > 0) o.given.insert(opt->get_single_name());
   if (o.given.count("seed")) o.seed = args.seed;
   o.progress = !args.quiet;
+  QV_CHECK(args.gpus >= 1, "--gpus must be ≥ 1, got {}", args.gpus);
+  const train::Parallel launched = launched_rank();
+  if (launched.world > 0) {  // one rank of `--gpus N`, started by the launcher below
+    QV_CHECK(launched.world == args.gpus, "{}={} but --gpus {}", kWorldEnv, launched.world, args.gpus);
+    o.parallel = launched;
+  } else if (args.gpus > 1) {
+    QV_CHECK(o.device == "cuda", "--gpus {} needs --device cuda", args.gpus);
+    QV_CHECK(o.micro_batch % args.gpus == 0,
+             "--micro-batch {} (the global micro-batch) must be divisible by --gpus {}", o.micro_batch, args.gpus);
+#ifdef QUIVER_HAVE_CUDA
+    const int visible = cuda::device_count();
+    QV_CHECK(visible >= args.gpus, "--gpus {}: {} CUDA device(s) visible", args.gpus, visible);
+#endif
+    run_ranks(args.gpus);
+    return;
+  }
 #ifdef QUIVER_HAVE_CUDA
   cuda::register_train_engine();
 #endif
@@ -43,6 +62,7 @@ void run(TrainArgs& args, CLI::App* cmd) {
   o.run_info["threads"] = o.threads > 0 ? o.threads : num_threads();
 
   const train::TrainResult r = train::run_training(o);
+  if (o.parallel.rank > 0) return;  // rank 0 reports
   const train::TimeBreakdown& t = r.time;
   const double total = t.data + t.forward_backward + t.optimizer + t.eval + t.checkpoint;
   const std::string where = !o.out_dir.empty() ? o.out_dir : o.resume_dir;
@@ -96,6 +116,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--stop-at", o.stop_at, "stop after this step with a checkpoint, as if interrupted");
   cmd->add_option("--seed", args->seed, "initialization seed (default: the config's seed)");
   cmd->add_option("--device", o.device, "cpu or cuda (bf16 activations, fp32 master weights on the GPU)")
+      ->capture_default_str();
+  cmd->add_option("--gpus", args->gpus,
+                  "data parallelism: one process per GPU of this host, NCCL between them (--device cuda; "
+                  "--micro-batch is the global micro-batch)")
       ->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (default: QUIVER_NUM_THREADS or all cores)");
   cmd->add_flag("--quiet", args->quiet, "no progress line");
