@@ -1,7 +1,8 @@
 // The algebraic projection on the GPU (SPEC §1.3): Y = Φ_W(X), the CUDA counterpart of
 // ops::AlgProj (src/ops/algproj.h).
 //
-// Two schedules compute it, and every pass (forward, dX, dW) picks one of them per shape:
+// Two schedules compute it; the fused kernels wherever they apply, the products schedule
+// elsewhere:
 // - fused (algproj_fused.cu): one tensor-core kernel per pass over a tile plan
 //   (ops/algproj_tiles.h). A forward tile holds rows of one row type and columns of one output
 //   group and accumulates every product that reaches them (both endpoint products of Q_q) in
@@ -34,8 +35,8 @@
 // Precision (shared/DESIGN.md): x, w, dy, y, dx are bf16; dw is fp32; fp32 accumulation; a
 // bf16 output is rounded exactly once (as a dense GEMM's would be).
 //
-// Contract: forward assigns y; backward assigns dx and dw (either may be null), or adds to dw
-// when accumulate_dw. Shapes: x [M, K], w [K, N], y and dy [M, N], dx [M, K] bf16; dw [K, N]
+// Contract: forward assigns y, or adds to it when accumulate; backward assigns dx and dw
+// (either may be null), or adds to dw when accumulate_dw. Shapes: x [M, K], w [K, N], y and dy [M, N], dx [M, K] bf16; dw [K, N]
 // fp32; all contiguous CUDA tensors. row_types has M host entries in [0, q).
 //
 // Streams: every call enqueues on `stream` and, after its first call for a shape, never
