@@ -422,7 +422,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
   bool known = false;
-  if (std::optional<nlohmann::json> v = calibration_lookup(key)) {
+  if (std::optional<nlohmann::json> v = kernel_cache().lookup(key)) {
     try {
       const std::string kind = v->at("kernel").get<std::string>();
       const int config = v->at("config").get<int>();
@@ -491,7 +491,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     const char* kind = best.kind == AlgKernel::Kind::Products ? "products"
                        : best.kind == AlgKernel::Kind::Fused  ? "fused"
                                                               : "gemv";
-    calibration_store(key, {{"kernel", kind},
+    kernel_cache().store(key, {{"kernel", kind},
                             {"config", best.config},
                             {"name", kernel_name(pass, best)},
                             {"us", best_us},

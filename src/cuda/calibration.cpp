@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 
 #include <cuda_runtime.h>
 
@@ -17,79 +16,62 @@ namespace {
 
 constexpr const char* kFormat = "quiver-kernel-cache-1";
 
-std::string cache_dir() {
-  if (const char* d = std::getenv("QUIVER_CACHE_DIR")) return std::string(d) == "off" ? "" : d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/quiver";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/quiver";
-  return "";
-}
-
-struct Cache {
-  std::mutex mu;
-  bool loaded = false;
-  std::string path;
-  nlohmann::json entries = nlohmann::json::object();
-
-  void load() {
-    if (loaded) return;
-    loaded = true;
-    const std::string dir = cache_dir();
-    if (dir.empty()) return;
-    path = dir + "/kernels.json";
-    std::ifstream in(path);
-    if (!in) return;  // no cache yet
-    try {
-      const nlohmann::json j = nlohmann::json::parse(in);
-      if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("entries") || !j["entries"].is_object())
-        throw std::runtime_error("not a " + std::string(kFormat) + " file");
-      entries = j["entries"];
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "quiver: ignoring the kernel cache '%s' (%s); kernels are calibrated again\n",
-                   path.c_str(), e.what());
-    }
-  }
-
-  void save() {
-    if (path.empty()) return;
-    try {
-      std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-      train::write_text_atomic(path, nlohmann::json{{"format", kFormat}, {"entries", entries}}.dump(1) + "\n");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "quiver: the kernel cache stays in memory: %s\n", e.what());
-      path.clear();  // report once
-    }
-  }
-};
-
-Cache& cache() {
-  static Cache c;
-  return c;
+std::string default_path() {
+  std::string dir;
+  if (const char* d = std::getenv("QUIVER_CACHE_DIR"))
+    dir = std::string(d) == "off" ? "" : d;
+  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    dir = std::string(x) + "/quiver";
+  else if (const char* h = std::getenv("HOME"); h && *h)
+    dir = std::string(h) + "/.cache/quiver";
+  return dir.empty() ? "" : dir + "/kernels.json";
 }
 
 }  // namespace
 
-std::optional<nlohmann::json> calibration_lookup(const std::string& key) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.load();
-  auto it = c.entries.find(key);
-  if (it == c.entries.end()) return std::nullopt;
+KernelCache::KernelCache(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) return;
+  std::ifstream in(path_);
+  if (!in) return;  // no cache yet
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("entries") || !j["entries"].is_object())
+      throw std::runtime_error("not a " + std::string(kFormat) + " file");
+    entries_ = j["entries"];
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "quiver: ignoring the kernel cache '%s' (%s); kernels are calibrated again\n", path_.c_str(),
+                 e.what());
+  }
+}
+
+std::optional<nlohmann::json> KernelCache::lookup(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
   return *it;
 }
 
-void calibration_store(const std::string& key, const nlohmann::json& value) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.load();
-  c.entries[key] = value;
-  c.save();
+void KernelCache::store(const std::string& key, const nlohmann::json& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_[key] = value;
+  if (path_.empty()) return;
+  try {
+    std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
+    train::write_text_atomic(path_, nlohmann::json{{"format", kFormat}, {"entries", entries_}}.dump(1) + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "quiver: the kernel cache stays in memory: %s\n", e.what());
+    path_.clear();  // report once
+  }
 }
 
-std::string calibration_path() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.load();
-  return c.path;
+std::string KernelCache::path() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return path_;
+}
+
+KernelCache& kernel_cache() {
+  static KernelCache cache(default_path());
+  return cache;
 }
 
 const std::string& device_name_for_keys() {

@@ -1,13 +1,16 @@
 // A persistent cache of kernel choices made by timing (calibration), keyed by a string that
 // names the GPU, the shape and whatever else the choice depends on.
 //
-// The cache lives in one JSON file, `kernels.json` in the directory QUIVER_CACHE_DIR, else
-// $XDG_CACHE_HOME/quiver, else $HOME/.cache/quiver: {"format": "quiver-kernel-cache-1",
-// "entries": {key: value}}. It is read on first use and rewritten atomically after each new
-// entry, so a killed process never leaves a torn file; an unreadable or malformed file is
-// reported once on stderr and ignored (its entries are calibrated again). Setting
-// QUIVER_CACHE_DIR to "off" keeps the cache in memory only. Thread-safe.
+// One JSON file: {"format": "quiver-kernel-cache-1", "entries": {key: value}}. It is read when
+// the cache is made and rewritten atomically after each new entry, so a killed process never
+// leaves a torn file. An unreadable or malformed file is reported once on stderr and ignored
+// (its entries are calibrated again, and the next store replaces it); a file that cannot be
+// written is reported once and the cache stays in memory. Thread-safe.
+//
+// The process's cache (kernel_cache()) is `kernels.json` in QUIVER_CACHE_DIR, else
+// $XDG_CACHE_HOME/quiver, else $HOME/.cache/quiver; QUIVER_CACHE_DIR=off keeps it in memory.
 #pragma once
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -15,12 +18,21 @@
 
 namespace quiver::cuda {
 
-// The value stored under `key`, if any.
-std::optional<nlohmann::json> calibration_lookup(const std::string& key);
-// Stores (replaces) `value` under `key` and writes the file.
-void calibration_store(const std::string& key, const nlohmann::json& value);
-// The file in use ("" when in memory only).
-std::string calibration_path();
+class KernelCache {
+ public:
+  explicit KernelCache(std::string path);  // "" keeps the cache in memory
+  std::optional<nlohmann::json> lookup(const std::string& key);
+  void store(const std::string& key, const nlohmann::json& value);  // replaces, then writes
+  std::string path();  // "" when in memory only (given so, or after a failed write)
+
+ private:
+  std::mutex mu_;
+  std::string path_;
+  nlohmann::json entries_ = nlohmann::json::object();
+};
+
+KernelCache& kernel_cache();
+
 // The current device's name, for keys ("NVIDIA H200").
 const std::string& device_name_for_keys();
 

@@ -1,0 +1,85 @@
+// The kernel-choice cache (cuda/calibration.h): choices survive a new process (a new cache on
+// the same file), a damaged or foreign file is ignored and then replaced, and a file that
+// cannot be written leaves the cache working in memory. Needs no GPU.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cuda/calibration.h"
+
+namespace fs = std::filesystem;
+using quiver::cuda::KernelCache;
+
+namespace {
+
+fs::path scratch(const char* name) {
+  const fs::path dir = fs::temp_directory_path() / ("quiver_kernel_cache_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST(KernelCache, ChoicesSurviveANewCacheOnTheSameFile) {
+  const fs::path dir = scratch("survive");
+  const fs::path file = dir / "sub" / "kernels.json";  // the folder is made on first store
+  {
+    KernelCache c(file.string());
+    EXPECT_FALSE(c.lookup("a").has_value());
+    c.store("a", {{"kernel", "fused"}, {"config", 3}});
+    c.store("b", {{"kernel", "gemv"}, {"config", 1}});
+    c.store("a", {{"kernel", "fused"}, {"config", 4}});  // replaces
+  }
+  KernelCache again(file.string());
+  ASSERT_TRUE(again.lookup("a").has_value());
+  EXPECT_EQ((*again.lookup("a"))["config"], 4);
+  EXPECT_EQ((*again.lookup("b"))["kernel"], "gemv");
+  EXPECT_FALSE(again.lookup("c").has_value());
+  const nlohmann::json j = nlohmann::json::parse(slurp(file));
+  EXPECT_EQ(j["format"], "quiver-kernel-cache-1");
+  EXPECT_EQ(j["entries"].size(), 2u);
+  for (const auto& e : fs::directory_iterator(file.parent_path()))  // no temporary left behind
+    EXPECT_EQ(e.path().filename(), "kernels.json");
+  fs::remove_all(dir);
+}
+
+TEST(KernelCache, ADamagedOrForeignFileIsIgnoredThenReplaced) {
+  const fs::path dir = scratch("damaged");
+  for (const char* text : {"{\"format\": \"quiver-kernel-cache-1\", \"entr", "[1, 2, 3]",
+                           "{\"format\": \"something-else\", \"entries\": {\"a\": 1}}"}) {
+    const fs::path file = dir / "kernels.json";
+    std::ofstream(file) << text;
+    KernelCache c(file.string());
+    EXPECT_FALSE(c.lookup("a").has_value()) << text;
+    c.store("x", 7);
+    const nlohmann::json j = nlohmann::json::parse(slurp(file));
+    EXPECT_EQ(j["entries"]["x"], 7) << text;
+    EXPECT_EQ(j["entries"].size(), 1u) << text;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(KernelCache, AnUnwritableFileLeavesTheCacheInMemory) {
+  const fs::path dir = scratch("unwritable");
+  const fs::path blocker = dir / "a-file";
+  std::ofstream(blocker) << "not a folder";
+  KernelCache c((blocker / "kernels.json").string());  // its folder cannot be created
+  c.store("k", 1);
+  EXPECT_EQ(c.path(), "");
+  ASSERT_TRUE(c.lookup("k").has_value());
+  EXPECT_EQ(*c.lookup("k"), 1);
+  c.store("k", 2);
+  EXPECT_EQ(*c.lookup("k"), 2);
+  KernelCache memory("");
+  memory.store("m", 3);
+  EXPECT_EQ(*memory.lookup("m"), 3);
+  fs::remove_all(dir);
+}
