@@ -232,10 +232,8 @@ void run_pass(const Pass& p, int q, int64_t M, const std::vector<Rect>& shared,
 // each assigns its block; otherwise dw is cleared first (unless accumulating) and every
 // product accumulates (per-type blocks may overlap each other).
 struct DwProducts {
-  const uint16_t* X;
-  const uint16_t* DY;
-  float* DW;
-  int64_t M, K, N;
+  float* DW;  // [K, N]
+  int64_t N;
   const std::vector<int64_t>& k_off;
   const std::vector<int64_t>& n_off;
 
@@ -289,7 +287,7 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
 }
 
 std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
-  std::vector<AlgKernel> out{{AlgKernel::Kind::Products, 0}};
+  std::vector<AlgKernel> out;
   const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
   for (int c = 0; c < n; ++c) out.push_back({AlgKernel::Kind::Fused, c});
   if (pass == ops::AlgPass::Forward)
@@ -460,10 +458,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     float best_us = 0;
     nlohmann::json timings = nlohmann::json::object();
     for (const AlgKernel& k : kernel_candidates(pass)) {
-      // Where the fused kernels apply, only they are timed: each output element has one owner
-      // (the products schedule adds several GEMMs into one element). The few-row kernels read
-      // 16-byte weight vectors and pay off only for few rows.
-      if (k.kind == AlgKernel::Kind::Products) continue;
+      // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       run(k);  // warm: builds the plan, grows scratch
       float fastest = 0;
@@ -571,14 +566,12 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
     if (!accumulate_dw) QV_CUDA_CHECK(cudaMemsetAsync(dw->raw(), 0, K * N * sizeof(float), stream));
     return;
   }
-  const DwProducts prod{X, DY, nullptr, M, K, N, k_off_, n_off_};
   auto run_into = [&](const AlgKernel& k, Tensor& target, bool accumulate) {
     if (k.kind == AlgKernel::Kind::Fused) {
       run_fused(ops::AlgPass::DW, k, dy, w, &x, row_types, target, accumulate, stream);
       return;
     }
-    DwProducts p = prod;
-    p.DW = static_cast<float*>(target.raw());
+    const DwProducts p{static_cast<float*>(target.raw()), N, k_off_, n_off_};
     const bool assign_shared = shared_cover_all_ && !accumulate;
     if (!assign_shared && !accumulate)
       QV_CUDA_CHECK(cudaMemsetAsync(p.DW, 0, K * N * sizeof(float), stream));

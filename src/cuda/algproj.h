@@ -100,7 +100,9 @@ class AlgProj {
                 const std::vector<int>& row_types, Tensor* dx, Tensor* dw,
                 cudaStream_t stream = 0, bool accumulate_dw = false) const;
 
-  // Every kernel a pass can use (the products schedule first).
+  // The kernels calibration times for a pass: the fused configurations (and, forward, the
+  // few-row kernels). The products schedule is not among them: it adds several GEMMs into one
+  // output element (not one owner), so it runs only where the fused kernels cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
   // Whether the fused kernels apply to these widths (every group offset even).
   bool fused_supported() const { return fused_vec_ > 0; }

@@ -15,6 +15,7 @@
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
+#include "quiver/dtype.h"
 #include "quiver/error.h"
 
 namespace quiver::cuda {
@@ -55,22 +56,17 @@ double median(std::vector<float> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-float bf(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+static_assert(sizeof(bf16) == 2, "bf16 values are copied from device bf16 buffers");
 
-std::vector<uint16_t> rows_to_host(const uint16_t* dev, int64_t cols, const std::vector<int64_t>& rows) {
-  std::vector<uint16_t> out(rows.size() * cols);
+std::vector<bf16> rows_to_host(const uint16_t* dev, int64_t cols, const std::vector<int64_t>& rows) {
+  std::vector<bf16> out(rows.size() * cols);
   for (size_t i = 0; i < rows.size(); ++i)
     QV_CUDA_CHECK(cudaMemcpy(out.data() + i * cols, dev + rows[i] * cols, cols * 2, cudaMemcpyDeviceToHost));
   return out;
 }
 
-std::vector<uint16_t> all_to_host(const uint16_t* dev, int64_t n) {
-  std::vector<uint16_t> out(n);
+std::vector<bf16> all_to_host(const uint16_t* dev, int64_t n) {
+  std::vector<bf16> out(n);
   QV_CUDA_CHECK(cudaMemcpy(out.data(), dev, n * 2, cudaMemcpyDeviceToHost));
   return out;
 }
@@ -249,8 +245,8 @@ std::vector<AlgProjBenchRow> Bench::run() {
         detail::launch_fill_hashed_bf16(static_cast<uint16_t*>(dy.raw()), M * N, 3, 1.0f, stream_);
       }
       QV_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      const std::vector<uint16_t> w_host = all_to_host(W, K * N);
-      std::vector<uint16_t> x_all, dy_all;
+      const std::vector<bf16> w_host = all_to_host(W, K * N);
+      std::vector<bf16> x_all, dy_all;
       if (grads) {
         x_all = all_to_host(X, M * K);
         dy_all = all_to_host(static_cast<uint16_t*>(dy.raw()), M * N);
@@ -300,7 +296,7 @@ std::vector<AlgProjBenchRow> Bench::run() {
           row.of_floor = row.alg_us / row.floor_us;
           row.paper_speedup = paper_speedup(s, M, q);
           const std::vector<int64_t> rows = sample_rows(types, q);
-          const std::vector<uint16_t> xs = rows_to_host(X, K, rows), ys = rows_to_host(static_cast<uint16_t*>(y.raw()), N, rows);
+          const std::vector<bf16> xs = rows_to_host(X, K, rows), ys = rows_to_host(static_cast<uint16_t*>(y.raw()), N, rows);
           double num = 0, den = 0;
           std::vector<double> acc(N);
           for (size_t i = 0; i < rows.size(); ++i) {
@@ -309,11 +305,11 @@ std::vector<AlgProjBenchRow> Bench::run() {
             for (int d = 0; d < q; ++d)
               for (int b : law.support(a, d))
                 for (int64_t k = ko[b]; k < ko[b + 1]; ++k) {
-                  const double xv = bf(xs[i * K + k]);
-                  for (int64_t n = no[d]; n < no[d + 1]; ++n) acc[n] += xv * bf(w_host[k * N + n]);
+                  const double xv = bf16_to_float(xs[i * K + k]);
+                  for (int64_t n = no[d]; n < no[d + 1]; ++n) acc[n] += xv * bf16_to_float(w_host[k * N + n]);
                 }
             for (int64_t n = 0; n < N; ++n) {
-              const double diff = bf(ys[i * N + n]) - acc[n];
+              const double diff = bf16_to_float(ys[i * N + n]) - acc[n];
               num += diff * diff;
               den += acc[n] * acc[n];
             }
@@ -338,7 +334,7 @@ std::vector<AlgProjBenchRow> Bench::run() {
           row.floor_us = floor_of(w_bytes + 2.0 * M * (K + N));
           row.of_floor = row.alg_us / row.floor_us;
           const std::vector<int64_t> rows = sample_rows(types, q);
-          const std::vector<uint16_t> dxs = rows_to_host(static_cast<uint16_t*>(dx.raw()), K, rows);
+          const std::vector<bf16> dxs = rows_to_host(static_cast<uint16_t*>(dx.raw()), K, rows);
           double num = 0, den = 0;
           for (size_t i = 0; i < rows.size(); ++i) {
             const int a = types[rows[i]];
@@ -348,8 +344,8 @@ std::vector<AlgProjBenchRow> Bench::run() {
                 for (int d = 0; d < q; ++d)
                   if (law.contributes(a, b, d))
                     for (int64_t n = no[d]; n < no[d + 1]; ++n)
-                      acc += bf(dy_all[rows[i] * N + n]) * bf(w_host[k * N + n]);
-                const double diff = bf(dxs[i * K + k]) - acc;
+                      acc += bf16_to_float(dy_all[rows[i] * N + n]) * bf16_to_float(w_host[k * N + n]);
+                const double diff = bf16_to_float(dxs[i * K + k]) - acc;
                 num += diff * diff;
                 den += acc * acc;
               }
@@ -377,7 +373,7 @@ std::vector<AlgProjBenchRow> Bench::run() {
             const int b = static_cast<int>(k / s_w), d = static_cast<int>(n / r_w);
             double acc = 0;
             for (int64_t m = 0; m < M; ++m)
-              if (law.contributes(types[m], b, d)) acc += bf(x_all[m * K + k]) * bf(dy_all[m * N + n]);
+              if (law.contributes(types[m], b, d)) acc += bf16_to_float(x_all[m * K + k]) * bf16_to_float(dy_all[m * N + n]);
             const double diff = dw_host[k * N + n] - acc;
             num += diff * diff;
             den += acc * acc;
