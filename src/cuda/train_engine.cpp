@@ -1,14 +1,12 @@
 #include "cuda/train_engine.h"
 
 #include <memory>
-#include <vector>
 
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/model.h"
 #include "cuda/nccl.h"
 #include "cuda/ops.h"
-#include "train/distributed.h"
 #include "train/engine.h"
 
 namespace quiver::cuda {
@@ -17,11 +15,10 @@ namespace {
 
 // With world > 1, one rank of a data-parallel run (train/engine.h): each process drives the
 // one GPU it sees. The ranks start from rank 0's parameters (broadcast), and before each
-// optimizer step the flat gradient buffer is averaged over the ranks in buckets
-// (train::bucket_plan, reverse table order) together with the loss, so clipping and AdamW see
-// the global-batch gradient and every rank makes the same update. The all-reduce runs after
-// the backward, on the model's stream; overlapping it with the backward and sharding the
-// optimizer state (ZeRO-1) are not done yet.
+// optimizer step the flat gradient buffer is averaged over the ranks together with the loss, so
+// clipping and AdamW see the global-batch gradient and every rank makes the same update. The
+// all-reduce runs after the backward, on the model's stream; overlapping it with the backward
+// (per train::bucket_plan bucket) and sharding the optimizer state (ZeRO-1) are not done yet.
 class CudaEngine final : public train::Engine {
  public:
   CudaEngine(model::Model& host, train::AdamW& adam, const train::Parallel& parallel)
@@ -43,8 +40,6 @@ class CudaEngine final : public train::Engine {
     QV_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(float)));
     if (parallel.world > 1) {
       comm_ = std::make_unique<Communicator>(parallel.rank, parallel.world, parallel.rendezvous);
-      constexpr int64_t kBucketBytes = int64_t{32} << 20;
-      for (const train::Bucket& b : train::bucket_plan(host.param_table(), kBucketBytes)) buckets_.push_back(b.range);
       const cudaStream_t s = model_.stream();
       comm_->broadcast(static_cast<float*>(model_.params().raw()), static_cast<size_t>(model_.params().numel()), s);
       model_.params_changed();
@@ -69,9 +64,8 @@ class CudaEngine final : public train::Engine {
     const cudaStream_t s = model_.stream();
     if (comm_) {
       model_.timer().mark("gradient all-reduce", s);
-      auto* grads = static_cast<float*>(model_.grads().raw());
       comm_->group_start();
-      for (const train::Range& r : buckets_) comm_->all_reduce_mean(grads + r.begin, static_cast<size_t>(r.size()), s);
+      comm_->all_reduce_mean(static_cast<float*>(model_.grads().raw()), static_cast<size_t>(model_.grads().numel()), s);
       comm_->all_reduce_mean(static_cast<float*>(model_.loss_sum().raw()), 1, s);
       comm_->group_end();
     }
@@ -117,7 +111,6 @@ class CudaEngine final : public train::Engine {
   float* norm_host_ = nullptr;
   float* flag_host_ = nullptr;
   std::unique_ptr<Communicator> comm_;  // data-parallel runs only
-  std::vector<train::Range> buckets_;
 };
 
 std::unique_ptr<train::Engine> make_cuda_engine(model::Model& model, train::AdamW& adam,
