@@ -44,9 +44,10 @@ void check_head_width(int64_t Dh, const char* op) {
            op, Dh, detail::kLinearRelationMaxHeadDim);
 }
 
-// p1, p2, v BF16 and g F32 of one [B, T, H, Dh] (or [T, H, Dh]) shape.
-detail::LinearRelationDims check_sequence(const Tensor& p1, const Tensor& p2, const Tensor& v,
-                                          const Tensor& g, float tau_s, const char* op) {
+// p1, p2, v BF16 and g F32 of one [B, T, H, Dh] (or [T, H, Dh]) shape, checked; returns the
+// kernel arguments they give (dims, gate scale, the inputs).
+detail::LinearRelationArgs sequence_args(const Tensor& p1, const Tensor& p2, const Tensor& v,
+                                         const Tensor& g, float tau_s, const char* op) {
   check_cuda(p1, op, "p1");
   const ops::HeadShape hs = ops::head_shape(p1.shape(), "p1");
   check_head_width(hs.Dh, op);
@@ -60,7 +61,14 @@ detail::LinearRelationDims check_sequence(const Tensor& p1, const Tensor& p2, co
   check_cuda(v, DType::BF16, p1.shape(), op, "v");
   check_cuda(g, DType::F32, p1.shape(), op, "g");
   check_tau(tau_s, op);
-  return {hs.B, hs.T, hs.H, hs.Dh, chunks_of(hs.T)};
+  detail::LinearRelationArgs args{};
+  args.dims = {hs.B, hs.T, hs.H, hs.Dh, chunks_of(hs.T)};
+  args.gate_scale = gate_scale(tau_s, hs.Dh);
+  args.p1 = bf16_in(p1);
+  args.p2 = bf16_in(p2);
+  args.v = bf16_in(v);
+  args.g = static_cast<const float*>(g.raw());
+  return args;
 }
 
 detail::LinearRelationWorkspace carve_workspace(Tensor& workspace,
@@ -118,17 +126,11 @@ int64_t linear_relation_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t
 void linear_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v, const Tensor& g,
                              Tensor& y, float tau_s, Tensor& workspace, Tensor* final_state,
                              cudaStream_t stream) {
-  const detail::LinearRelationDims d = check_sequence(p1, p2, v, g, tau_s, kForward);
+  detail::LinearRelationArgs args = sequence_args(p1, p2, v, g, tau_s, kForward);
+  const detail::LinearRelationDims& d = args.dims;
   check_cuda(y, DType::BF16, p1.shape(), kForward, "y");
   if (final_state)
     check_cuda(*final_state, DType::F32, {d.B, d.H, d.Dh, d.Dh}, kForward, "final_state");
-  detail::LinearRelationArgs args{};
-  args.dims = d;
-  args.gate_scale = gate_scale(tau_s, d.Dh);
-  args.p1 = bf16_in(p1);
-  args.p2 = bf16_in(p2);
-  args.v = bf16_in(v);
-  args.g = static_cast<const float*>(g.raw());
   args.y = bf16_out(y);
   args.final_state = final_state ? static_cast<float*>(final_state->raw()) : nullptr;
   args.ws = carve_workspace(workspace, d, kForward);
@@ -141,19 +143,13 @@ void linear_relation_forward(const Tensor& p1, const Tensor& p2, const Tensor& v
 void linear_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v, const Tensor& g,
                               const Tensor& dy, Tensor& dp1, Tensor& dp2, Tensor& dv, Tensor& dg,
                               float tau_s, Tensor& workspace, cudaStream_t stream) {
-  const detail::LinearRelationDims d = check_sequence(p1, p2, v, g, tau_s, kBackward);
+  detail::LinearRelationArgs args = sequence_args(p1, p2, v, g, tau_s, kBackward);
+  const detail::LinearRelationDims& d = args.dims;
   check_cuda(dy, DType::BF16, p1.shape(), kBackward, "dy");
   check_cuda(dp1, DType::BF16, p1.shape(), kBackward, "dp1");
   check_cuda(dp2, DType::BF16, p1.shape(), kBackward, "dp2");
   check_cuda(dv, DType::BF16, p1.shape(), kBackward, "dv");
   check_cuda(dg, DType::F32, p1.shape(), kBackward, "dg");
-  detail::LinearRelationArgs args{};
-  args.dims = d;
-  args.gate_scale = gate_scale(tau_s, d.Dh);
-  args.p1 = bf16_in(p1);
-  args.p2 = bf16_in(p2);
-  args.v = bf16_in(v);
-  args.g = static_cast<const float*>(g.raw());
   args.dy = bf16_in(dy);
   args.dp1 = bf16_out(dp1);
   args.dp2 = bf16_out(dp2);
