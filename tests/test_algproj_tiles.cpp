@@ -5,6 +5,7 @@
 // unequal widths and any row types.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ using namespace quiver;
 namespace {
 
 // y (or dx) [M, out] = Σ over a row plan's tiles; counts how often each element is written.
+// Split tiles add into their fp32 slots and the splits then sum the slots in order, as the
+// kernels do.
 Tensor run_row_plan(const ops::AlgRowPlan& p, const Tensor& in, const Tensor& w, bool transposed,
                     int64_t out_cols, std::vector<int>& writes) {
   const int64_t M = in.dim(0), ld_in = in.dim(1), N = w.dim(1);
@@ -27,6 +30,8 @@ Tensor run_row_plan(const ops::AlgRowPlan& p, const Tensor& in, const Tensor& w,
   const double* X = in.data<double>();
   const double* W = w.data<double>();
   double* Y = out.data<double>();
+  const int64_t slot_elems = static_cast<int64_t>(p.slot_rows) * p.slot_cols;
+  std::vector<double> slots(static_cast<size_t>(p.num_slots * slot_elems), std::nan(""));
   for (const ops::AlgRowTile& t : p.tiles)
     for (int32_t r = 0; r < t.row_count; ++r) {
       const int64_t m = p.rows[t.row_begin + r];
@@ -38,10 +43,23 @@ Tensor run_row_plan(const ops::AlgRowPlan& p, const Tensor& in, const Tensor& w,
           for (int32_t k = seg.k0; k < seg.k0 + seg.len; ++k)
             acc += X[m * ld_in + k] * (transposed ? W[col * N + k] : W[k * N + col]);
         }
+        if (t.slot >= 0) {
+          slots[t.slot * slot_elems + r * p.slot_cols + c] = acc;
+          continue;
+        }
         Y[m * out_cols + col] = acc;
         ++writes[m * out_cols + col];
       }
     }
+  for (const ops::AlgSplit& sp : p.splits)
+    for (int32_t r = 0; r < sp.row_count; ++r)
+      for (int32_t c = 0; c < sp.ncols; ++c) {
+        double acc = 0;
+        for (int32_t k = 0; k < sp.parts; ++k) acc += slots[(sp.slot0 + k) * slot_elems + r * p.slot_cols + c];
+        const int64_t at = p.rows[sp.row_begin + r] * out_cols + sp.col0 + c;
+        Y[at] = acc;
+        ++writes[at];
+      }
   return out;
 }
 
@@ -167,6 +185,47 @@ TEST(AlgProjTiles, DenseLawIsOneClassAndQqIsLongestFirst) {
     prev = len;
   }
   EXPECT_EQ(prev, 16);  // the shortest: dx_β = dy_β W_ββᵀ
+}
+
+// Q16 dX: a type's own group reduces over all N = 2048 columns, the others over 128, so the long
+// tiles are cut into pieces (each at most 512 long, cut at multiples of 64) whose slots the
+// splits sum; the result is still the formula, and no plan without split has slots.
+TEST(AlgProjTiles, LongReductionsAreSplit) {
+  const algebra::Law q16 = algebra::Law::complete(16);
+  const algebra::GroupWidths widths = algebra::GroupWidths::equal(16, 512, 2048);
+  const std::vector<int> types = algebra::Schedule::cyclic().types(0, 32, 16);
+  Rng rng(3);
+  const Tensor dy = quiver::testing::random_tensor({32, 2048}, DType::F64, rng);
+  const Tensor w = quiver::testing::random_tensor({512, 2048}, DType::F64, rng);
+  const Tensor x = quiver::testing::random_tensor({32, 512}, DType::F64, rng);
+  Tensor dx_ref = Tensor::empty({32, 512}, DType::F64), dw_ref = Tensor::empty({512, 2048}, DType::F64);
+  ops::algproj_reference_backward(x, w, dy, q16, widths, types, dx_ref, dw_ref);
+
+  const ops::AlgRowPlan p = ops::plan_row_pass(q16, widths, types, ops::AlgPass::DX, 2, 8);
+  ASSERT_FALSE(p.splits.empty());
+  int32_t slots = 0;
+  for (const ops::AlgSplit& sp : p.splits) {
+    EXPECT_EQ(sp.slot0, slots);
+    EXPECT_EQ(sp.parts, 4);  // 2048 / 512
+    slots += sp.parts;
+  }
+  EXPECT_EQ(slots, p.num_slots);
+  for (const ops::AlgRowTile& t : p.tiles) {
+    int64_t len = 0;
+    for (int s = 0; s < t.seg_count; ++s) len += p.segments[t.seg_begin + s].len;
+    EXPECT_LE(len, 512);
+    if (t.slot >= 0)
+      for (int s = 0; s < t.seg_count; ++s) EXPECT_EQ(p.segments[t.seg_begin + s].k0 % ops::kAlgSplitAlign, 0);
+  }
+  std::vector<int> writes;
+  const Tensor dx = run_row_plan(p, dy, w, true, 512, writes);
+  EXPECT_TRUE(each_once(writes));
+  EXPECT_LT(max_abs_diff(dx, dx_ref), 1e-9);
+
+  const ops::AlgRowPlan whole = ops::plan_row_pass(q16, widths, types, ops::AlgPass::DX, 2, 8, false);
+  EXPECT_TRUE(whole.splits.empty());
+  EXPECT_EQ(whole.num_slots, 0);
+  EXPECT_EQ(whole.macs, p.macs);
 }
 
 TEST(AlgProjTiles, BadArgumentsNameTheProblem) {

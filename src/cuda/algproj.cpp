@@ -332,18 +332,27 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     if (n) std::memcpy(bytes.data() + at, src, n);
     return at;
   };
-  size_t rows_at, tiles_at, segs_at = 0;
+  size_t rows_at, tiles_at, segs_at = 0, splits_at = 0;
   if (pass == ops::AlgPass::DW) {
     const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     d.num_tiles = static_cast<int>(p.tiles.size());
   } else {
-    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols);
+    // The few-row kernel writes its tiles directly: its plans are not split.
+    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
+                                                 kernel.kind != AlgKernel::Kind::Gemv);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
+    splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgSplit));
     d.num_tiles = static_cast<int>(p.tiles.size());
+    d.num_splits = static_cast<int>(p.splits.size());
+    d.slot_rows = p.slot_rows;
+    d.slot_cols = p.slot_cols;
+    if (p.num_slots > 0)
+      d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
+                                 Device::CUDA);
   }
   d.buffer = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(bytes.size() + 7) / 8, 1)}, DType::F64,
                            Device::CUDA);
@@ -353,6 +362,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.rows = reinterpret_cast<const int32_t*>(base + rows_at);
   d.tiles = base + tiles_at;
   d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
+  d.splits = reinterpret_cast<const ops::AlgSplit*>(base + splits_at);
   plans_.push_back(std::move(d));
   return plans_.back();
 }
@@ -390,10 +400,25 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   args.tiles = static_cast<const ops::AlgRowTile*>(d.tiles);
   args.segments = d.segments;
   args.num_tiles = d.num_tiles;
-  if (kernel.kind == AlgKernel::Kind::Gemv)
+  args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
+  if (kernel.kind == AlgKernel::Kind::Gemv) {
     detail::launch_algproj_gemv(args, config, stream);
-  else
-    detail::launch_algproj_rows(args, config, fused_vec_, stream);
+    return;
+  }
+  detail::launch_algproj_rows(args, config, fused_vec_, stream);
+  if (d.num_splits > 0) {
+    detail::AlgReduceArgs r{};
+    r.partials = args.partials;
+    r.slot_rows = d.slot_rows;
+    r.slot_cols = d.slot_cols;
+    r.splits = d.splits;
+    r.num_splits = d.num_splits;
+    r.rows = d.rows;
+    r.c = args.c;
+    r.ldc = args.ldc;
+    r.accumulate = accumulate;
+    detail::launch_algproj_reduce(r, stream);
+  }
 }
 
 AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
@@ -415,7 +440,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj2|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

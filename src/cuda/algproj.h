@@ -141,11 +141,14 @@ class AlgProj {
     ops::AlgPass pass;
     AlgKernel kernel;
     std::vector<int> types;
-    Tensor buffer;  // rows, tiles, segments
+    Tensor buffer;  // rows, tiles, segments, splits
     const int32_t* rows = nullptr;
     const void* tiles = nullptr;
     const ops::AlgSegment* segments = nullptr;
     int num_tiles = 0;
+    const ops::AlgSplit* splits = nullptr;  // row pass: split reductions and their fp32 slots
+    int num_splits = 0, slot_rows = 0, slot_cols = 0;
+    Tensor partials;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives
   };
   const DevicePlan& plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,

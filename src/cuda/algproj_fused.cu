@@ -195,12 +195,60 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads)
       mma_chunk<kChunk, MI, NI, false, kBTrans, A_LD, B_LD>(acc, sA + stage * kAStage, sB + stage * kBStage,
                                                             warp_row0, warp_col0, lane);
     }
+    if (t.slot >= 0) {  // a piece of a split reduction: fp32 partial sums into its slot
+      float* slot = p.partials + static_cast<int64_t>(t.slot) * (BM * BN);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp_row0 + mi * 16 + grp + h * 8;
+          if (r >= t.row_count) continue;
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
+            const int col = warp_col0 + ni * 8 + 2 * tig;
+            if (col < t.ncols)
+              *reinterpret_cast<float2*>(slot + r * BN + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+          }
+        }
+      continue;
+    }
+    // Whole 32-byte sectors: the quad's threads swap halves of two neighbouring n8 tiles, so
+    // each writes 4 consecutive columns and one store instruction covers 16 columns of a row.
+    const bool wide = ((p.ldc | t.col0 | t.ncols) & 3) == 0 && (reinterpret_cast<uintptr_t>(p.c) & 7) == 0;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (out_row[mi][h] < 0) continue;
-        uint16_t* out = p.c + static_cast<int64_t>(out_row[mi][h]) * p.ldc + t.col0;
+        const int32_t orow = out_row[mi][h];
+        uint16_t* out = p.c + static_cast<int64_t>(orow < 0 ? 0 : orow) * p.ldc + t.col0;
+        if (wide) {
+#pragma unroll
+          for (int ni = 0; ni < NI; ni += 2) {
+            const bool odd = tig & 1;
+            const float s0 = odd ? acc[mi][ni][2 * h] : acc[mi][ni + 1][2 * h];
+            const float s1 = odd ? acc[mi][ni][2 * h + 1] : acc[mi][ni + 1][2 * h + 1];
+            const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            float v[4];
+            if (!odd) {
+              v[0] = acc[mi][ni][2 * h], v[1] = acc[mi][ni][2 * h + 1], v[2] = r0, v[3] = r1;
+            } else {
+              v[0] = r0, v[1] = r1, v[2] = acc[mi][ni + 1][2 * h], v[3] = acc[mi][ni + 1][2 * h + 1];
+            }
+            const int col = warp_col0 + (ni + (odd ? 1 : 0)) * 8 + 2 * (tig & 2);
+            if (orow < 0 || col >= t.ncols) continue;
+            auto* dst = reinterpret_cast<uint2*>(out + col);
+            if (p.accumulate) {
+              const uint2 old = *dst;
+              const float2 o0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&old.x));
+              const float2 o1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&old.y));
+              v[0] += o0.x, v[1] += o0.y, v[2] += o1.x, v[3] += o1.y;
+            }
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+            *dst = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+          }
+          continue;
+        }
+        if (orow < 0) continue;
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
           const int col = warp_col0 + ni * 8 + 2 * tig;
@@ -293,6 +341,23 @@ __global__ void __launch_bounds__(WeightCfg<I>::kThreads)
         *dst = v;
       }
     }
+}
+
+// ---- Split reductions ---------------------------------------------------------------------
+// One block per split output block: the slots are added in order (deterministic), once
+// rounded to bf16 (+ the old value when accumulating).
+__global__ void __launch_bounds__(256) algproj_reduce_kernel(const AlgReduceArgs p) {
+  const ops::AlgSplit sp = p.splits[blockIdx.x];
+  const int64_t slot_elems = static_cast<int64_t>(p.slot_rows) * p.slot_cols;
+  const float* base = p.partials + sp.slot0 * slot_elems;
+  for (int i = threadIdx.x; i < sp.row_count * sp.ncols; i += blockDim.x) {
+    const int r = i / sp.ncols, c = i % sp.ncols;
+    float v = 0;
+    for (int k = 0; k < sp.parts; ++k) v += base[k * slot_elems + r * p.slot_cols + c];
+    uint16_t* dst = p.c + static_cast<int64_t>(p.rows[sp.row_begin + r]) * p.ldc + sp.col0 + c;
+    if (p.accumulate) v += __bfloat162float(__ushort_as_bfloat16(*dst));
+    *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
 }
 
 // ---- Few-row forward (decode) -----------------------------------------------------------------
@@ -432,6 +497,12 @@ void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream
     rows_vec<4>(args, config, stream, configs);
   else
     rows_vec<2>(args, config, stream, configs);
+}
+
+void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream) {
+  if (args.num_splits == 0) return;
+  algproj_reduce_kernel<<<args.num_splits, 256, 0, stream>>>(args);
+  QV_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream) {

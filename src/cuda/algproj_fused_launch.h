@@ -3,7 +3,8 @@
 //
 // Tensor cores: mma.sync m16n8k16 (bf16 operands, fp32 accumulators) fed by ldmatrix from
 // shared memory that cp.async fills three stages deep. Every element of the output is
-// written by one thread of one tile (no atomics, no split reduction), so results are
+// written by one thread of one tile, or (split reductions, ops/algproj_tiles.h) by one thread
+// of the reduce pass that adds the pieces' slots in order; no atomics, so results are
 // deterministic. `vec` is the copy granularity in elements (8, 4 or 2: 16-, 8- or 4-byte
 // copies); every column offset, width and leading dimension of the call must be a multiple
 // of it, and the pointers aligned to 2·vec bytes.
@@ -57,6 +58,20 @@ struct AlgRowArgs {
   const ops::AlgRowTile* tiles;
   const ops::AlgSegment* segments;
   int num_tiles;
+  float* partials;  // the plan's slots (tiles with slot >= 0 write there; see AlgReduceArgs)
+};
+
+// The second pass of a plan with split reductions: c[rows of a split, its columns] = Σ of its
+// slots (+ c when accumulate).
+struct AlgReduceArgs {
+  const float* partials;
+  int32_t slot_rows, slot_cols;
+  const ops::AlgSplit* splits;
+  int num_splits;
+  const int32_t* rows;
+  uint16_t* c;
+  int64_t ldc;
+  bool accumulate;
 };
 
 struct AlgWeightArgs {
@@ -72,7 +87,9 @@ struct AlgWeightArgs {
   int num_tiles;
 };
 
+// The row pass; a plan with splits needs launch_algproj_reduce after it.
 void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream);
+void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 // The forward over a plan with at most kAlgGemvConfigs[config].rows rows per tile; needs vec 8.
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);

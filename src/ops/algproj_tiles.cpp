@@ -50,11 +50,68 @@ int64_t reduction_length(const AlgRowPlan& plan, const AlgRowTile& t) {
   return n;
 }
 
+// Splits the plan's long tiles (see algproj_tiles.h). A reduction longer than twice the
+// target (twice the median tile's, at least 512 columns) is cut into pieces of the target
+// length; the target doubles until the partial sums need no more elements than the output
+// (or 4M, 16 MB, for small outputs).
+void split_long_tiles(AlgRowPlan& plan, int64_t out_elems, int tile_rows, int tile_cols) {
+  if (plan.tiles.empty()) return;
+  std::vector<int64_t> len(plan.tiles.size());
+  for (size_t i = 0; i < plan.tiles.size(); ++i) len[i] = reduction_length(plan, plan.tiles[i]);
+  std::vector<int64_t> sorted = len;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const int64_t median = sorted[sorted.size() / 2];
+  const int64_t slot_elems = static_cast<int64_t>(tile_rows) * tile_cols;
+  auto parts_of = [](int64_t l, int64_t target) { return l > 2 * target ? (l + target - 1) / target : int64_t{1}; };
+  int64_t target = (std::max<int64_t>(2 * median, 512) + kAlgSplitAlign - 1) / kAlgSplitAlign * kAlgSplitAlign;
+  for (;; target *= 2) {
+    int64_t slots = 0;
+    for (int64_t l : len) slots += parts_of(l, target) > 1 ? parts_of(l, target) : 0;
+    if (slots * slot_elems <= std::max<int64_t>(out_elems, int64_t{1} << 22)) break;
+  }
+  std::vector<AlgRowTile> tiles;
+  for (size_t i = 0; i < plan.tiles.size(); ++i) {
+    const AlgRowTile t = plan.tiles[i];
+    const int64_t parts = parts_of(len[i], target);
+    if (parts == 1) {
+      tiles.push_back(t);
+      continue;
+    }
+    AlgSplit sp{t.row_begin, t.row_count, t.col0, t.ncols, plan.num_slots, 0};
+    std::vector<AlgSegment> piece;
+    int64_t piece_len = 0;
+    auto close_piece = [&] {
+      AlgRowTile p = t;
+      p.seg_begin = static_cast<int32_t>(plan.segments.size());
+      p.seg_count = static_cast<int32_t>(piece.size());
+      p.slot = sp.slot0 + sp.parts++;
+      plan.segments.insert(plan.segments.end(), piece.begin(), piece.end());
+      tiles.push_back(p);
+      piece.clear();
+      piece_len = 0;
+    };
+    for (int32_t s = 0; s < t.seg_count; ++s) {
+      const AlgSegment seg = plan.segments[t.seg_begin + s];
+      for (int32_t off = 0; off < seg.len;) {
+        const int32_t take = static_cast<int32_t>(std::min<int64_t>(seg.len - off, target - piece_len));
+        piece.push_back({seg.k0 + off, take});
+        off += take;
+        piece_len += take;
+        if (piece_len == target) close_piece();
+      }
+    }
+    if (!piece.empty()) close_piece();
+    plan.num_slots += sp.parts;
+    plan.splits.push_back(sp);
+  }
+  plan.tiles = std::move(tiles);
+}
+
 }  // namespace
 
 AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                          const std::vector<int>& row_types, AlgPass pass, int tile_rows,
-                         int tile_cols) {
+                         int tile_cols, bool split) {
   QV_CHECK(pass == AlgPass::Forward || pass == AlgPass::DX,
            "plan_row_pass: the pass must be Forward or DX");
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
@@ -91,6 +148,8 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
     class_rows[class_of[row_types[m]]].push_back(static_cast<int32_t>(m));
 
   AlgRowPlan plan;
+  plan.slot_rows = tile_rows;
+  plan.slot_cols = tile_cols;
   for (size_t c = 0; c < representative.size(); ++c) {
     const std::vector<int32_t>& rows = class_rows[c];
     if (rows.empty()) continue;
@@ -114,11 +173,13 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
           t.ncols = static_cast<int32_t>(std::min<int64_t>(tile_cols, width - c0));
           t.seg_begin = seg_begin;
           t.seg_count = static_cast<int32_t>(segs.size());
+          t.slot = -1;
           plan.tiles.push_back(t);
           plan.macs += static_cast<int64_t>(t.row_count) * t.ncols * red;
         }
     }
   }
+  if (split) split_long_tiles(plan, static_cast<int64_t>(row_types.size()) * o_off[q], tile_rows, tile_cols);
   std::stable_sort(plan.tiles.begin(), plan.tiles.end(), [&](const AlgRowTile& x, const AlgRowTile& y) {
     return reduction_length(plan, x) > reduction_length(plan, y);
   });

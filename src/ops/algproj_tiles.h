@@ -16,6 +16,13 @@
 // each reduced over the rows of the types α with β ∈ B(α, δ) (one ascending list per
 // distinct set of types); a block no type uses has an empty list (assigned zeros).
 //
+// Split reductions (row pass): a tile whose reduction is far longer than the typical one (Q_q's
+// dX of a type's own group reduces over all N columns, the others over N/q) would leave the
+// GPU waiting on a few blocks. Such an output block is cut into `parts` tiles over
+// consecutive pieces of its reduction; each writes fp32 partial sums to its own workspace
+// slot, and a second pass (AlgSplit) adds the slots in order and rounds once, so the result
+// stays deterministic and every output element still has one owner.
+//
 // Tiles are ordered longest reduction first, so the long ones start early.
 #pragma once
 #include <cstdint>
@@ -36,6 +43,15 @@ struct AlgRowTile {
   int32_t row_begin, row_count;  // into AlgRowPlan::rows
   int32_t col0, ncols;           // output columns
   int32_t seg_begin, seg_count;  // into AlgRowPlan::segments
+  int32_t slot;                  // -1: writes the output; else the partial-sum slot it writes
+};
+
+// An output block reduced by `parts` tiles into slots slot0 .. slot0 + parts - 1, each a
+// row-major [slot_rows][slot_cols] fp32 array of the plan's workspace.
+struct AlgSplit {
+  int32_t row_begin, row_count;  // into AlgRowPlan::rows
+  int32_t col0, ncols;
+  int32_t slot0, parts;
 };
 
 struct AlgWeightTile {
@@ -50,6 +66,9 @@ struct AlgRowPlan {
   std::vector<int32_t> rows;  // row indices of every class, concatenated (ascending within one)
   std::vector<AlgRowTile> tiles;
   std::vector<AlgSegment> segments;
+  std::vector<AlgSplit> splits;
+  int32_t slot_rows = 0, slot_cols = 0;  // a slot's shape: the tile shape asked for
+  int32_t num_slots = 0;
   int64_t macs = 0;  // multiply-adds the tiles perform (padding excluded)
 };
 
@@ -59,10 +78,12 @@ struct AlgWeightPlan {
   int64_t macs = 0;
 };
 
-// pass: Forward or DX. row_types: one entry per row, in [0, q).
+// pass: Forward or DX. row_types: one entry per row, in [0, q). split: whether long
+// reductions may be split (cut points are multiples of kAlgSplitAlign reduction columns).
 AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                          const std::vector<int>& row_types, AlgPass pass, int tile_rows,
-                         int tile_cols);
+                         int tile_cols, bool split = true);
+constexpr int kAlgSplitAlign = 64;
 
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                                const std::vector<int>& row_types, int tile_rows, int tile_cols);

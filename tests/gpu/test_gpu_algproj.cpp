@@ -21,9 +21,11 @@
 
 #include "algebra/law.h"
 #include "cuda/algproj.h"
+#include "cuda/algproj_fused_launch.h"
 #include "cuda/backend.h"
 #include "gpu/gpu_testing.h"
 #include "ops/algproj.h"
+#include "ops/algproj_tiles.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
 
@@ -317,6 +319,28 @@ TEST(GpuAlgProj, EveryFusedTileShapeEveryPass) {
     check_case(kWide, make_types(Sched::Interval, 301, 4, 4), 131 + c, k);
     check_case(kWide, make_types(Sched::Cyclic, 130, 4, 4), 141 + c, k);
     check_case(kWide, {2}, 151 + c, k);
+  }
+}
+
+TEST(GpuAlgProj, SplitReductionsEveryRowTile) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Q16 dX: a type's own group reduces over N = 2048, the others over 128, so every row tile
+  // shape splits those tiles (ops::plan_row_pass) and adds the slots in a second pass.
+  const Case q16{"Q16", {}, {}, 256, 2048};
+  const algebra::Law law = algebra::Law::parse(q16.law);
+  const std::vector<int> cyclic = make_types(Sched::Cyclic, 256, 16, 0);
+  int row_configs = 0;
+  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::DX)) row_configs += k.kind == AlgKernel::Kind::Fused;
+  for (int c = 0; c < row_configs; ++c) {
+    SCOPED_TRACE("tile config " + std::to_string(c));
+    const ops::AlgRowPlan plan = ops::plan_row_pass(law, widths_of(q16, 16), cyclic, ops::AlgPass::DX,
+                                                    cuda::detail::kAlgRowConfigs[c].rows,
+                                                    cuda::detail::kAlgRowConfigs[c].cols);
+    ASSERT_FALSE(plan.splits.empty());
+    const cuda::AlgProj::Kernels k{fused(c), fused(c), fused(0)};
+    check_case(q16, cyclic, 171 + c, k);
+    check_case(q16, make_types(Sched::Random, 256, 16, 9), 181 + c, k);
   }
 }
 
