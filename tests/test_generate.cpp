@@ -82,13 +82,15 @@ model::ModelConfig config(const std::string& pattern, const std::string& law, co
 // that greedy decoding wanders instead of repeating one token.
 void randomize(model::Model& m, uint64_t seed) {
   m.init(seed);
+  // Noise drawn in parameter order, whatever the gaps of the flat layout.
   Rng rng(seed + 1);
-  Tensor noise = Tensor::empty({m.num_params()}, DType::F64);
+  Tensor noise = Tensor::empty({model::count_params(m.config())}, DType::F64);
   rng.fill_normal(noise, 0.0, 0.3);
   Tensor p = m.params().to(DType::F64);
   double* pp = p.data<double>();
   const double* n = noise.data<double>();
-  for (int64_t i = 0; i < m.num_params(); ++i) pp[i] += n[i];
+  for (const model::ParamInfo& info : m.param_table())
+    for (int64_t i = 0; i < info.numel; ++i) pp[info.offset + i] += *n++;
   m.params().copy_from(p);
 }
 

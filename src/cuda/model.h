@@ -130,7 +130,7 @@ class GpuModel {
   std::vector<model::ParamInfo> table_;
   cudaStream_t stream_ = nullptr;
   Tensor params_, grads_, params_half_;
-  int64_t half_gap_ = 0;  // zero elements after tok_emb in params_half_ (the padded head rows)
+  int64_t half_gap_ = 0;  // zero elements after tok_emb in params_half_ (the padded head rows, rounded up to kParamAlign)
   std::vector<std::unique_ptr<Layer>> layers_;
   DeviceParam tok_emb_, pos_emb_, head_, norm_f_w_, norm_f_b_;
   std::unique_ptr<AlgProj> ffn_up_proj_, ffn_down_proj_;

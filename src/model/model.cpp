@@ -141,6 +141,7 @@ std::vector<ParamInfo> param_table(const ModelConfig& cfg) {
     p.name = name;
     p.numel = shape_numel(shape);
     p.shape = std::move(shape);
+    offset = (offset + kParamAlign - 1) / kParamAlign * kParamAlign;
     p.offset = offset;
     p.decay = decay;
     p.group = group;

@@ -47,10 +47,17 @@ class AlgProj;
 
 namespace quiver::model {
 
+// Every parameter starts at a multiple of kParamAlign elements of the flat buffers (256 bytes
+// of fp32, 128 of a bf16 copy), so views of it are aligned for vector loads and tensor-core
+// GEMMs: a one-element λ before a layer's matrices would otherwise leave them 2-byte aligned,
+// which cuBLASLt serves with far slower kernels. The gaps hold zeros and belong to no
+// parameter (no segment of the optimizer, no checkpoint tensor).
+constexpr int64_t kParamAlign = 64;
+
 struct ParamInfo {
   std::string name;
   Shape shape;
-  int64_t offset = 0;       // first element in params() / grads()
+  int64_t offset = 0;       // first element in params() / grads(), a multiple of kParamAlign
   int64_t numel = 0;
   // Weight decay applies: true for 2-D weight matrices, the embeddings included (as GPT-2
   // and llm.c do); false for norms, biases, λ, θ, A_log and dt_bias.
@@ -98,7 +105,7 @@ class Model {
   const ParamInfo& param_info(const std::string& name) const;  // throws naming the tensor
   Tensor param(const std::string& name) const;   // view into params() with the recorded shape
   Tensor grad(const std::string& name) const;    // view into grads()
-  int64_t num_params() const { return params_.numel(); }
+  int64_t num_params() const { return params_.numel(); }  // flat length, alignment gaps included
 
   // tokens, targets: B·T int32, row-major; 1 ≤ T ≤ context; a target < 0 is ignored.
   // Returns the mean cross-entropy over the non-ignored targets.
@@ -150,7 +157,8 @@ class Model {
   std::unique_ptr<Activations> train_acts_, infer_acts_;
 };
 
-// Parameter count of a config without allocating the model (same table as Model's).
+// The parameter table of a config, and its parameter count (Σ numel, without the alignment
+// gaps), without allocating the model.
 std::vector<ParamInfo> param_table(const ModelConfig& cfg);
 int64_t count_params(const ModelConfig& cfg);
 

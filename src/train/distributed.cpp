@@ -47,8 +47,8 @@ std::vector<Bucket> bucket_plan(const std::vector<model::ParamInfo>& table, int6
     const bool fits = !out.empty() && (out.back().range.size() * static_cast<int64_t>(sizeof(float)) + bytes) <= cap_bytes;
     if (!fits) out.push_back(Bucket{Range{p.offset, p.offset + p.numel}, {}});
     Bucket& b = out.back();
-    QV_CHECK(p.offset + p.numel == b.range.begin || b.params.empty(),
-             "bucket_plan: parameter '{}' is not adjacent to the next one in the flat buffer", p.name);
+    QV_CHECK(p.offset + p.numel <= b.range.begin || b.params.empty(),
+             "bucket_plan: parameter '{}' overlaps the next one in the flat buffer", p.name);
     b.range.begin = p.offset;
     b.params.push_back(k);
   }

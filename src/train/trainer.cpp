@@ -462,8 +462,9 @@ RunStart resume_run(const TrainOptions& options) {
   for (const char* name : {"adamw.m", "adamw.v"}) {
     const Tensor& t = opt.get(name);
     QV_CHECK(t.dtype() == DType::F32 && t.shape() == Shape{P},
-             "{}: tensor '{}' is {} {}, expected F32 [{}] for the model's {} parameters", opt_path, name,
-             dtype_name(t.dtype()), shape_str(t.shape()), P, P);
+             "{}: tensor '{}' is {} {}, expected F32 [{}] (the model's flat parameter buffer, "
+             "each parameter aligned to {} elements; a state written before that alignment cannot resume)",
+             opt_path, name, dtype_name(t.dtype()), shape_str(t.shape()), P, model::kParamAlign);
   }
   resumed_m = opt.get("adamw.m");
   resumed_v = opt.get("adamw.v");
@@ -635,7 +636,7 @@ TrainResult run_training(const TrainOptions& options) {
     j["device"] = engine ? engine->description() : options.device;
     if (parallel.world > 1) j["data_parallel_ranks"] = parallel.world;
     j["config"] = model::config_to_json(cfg);
-    j["num_params"] = model->num_params();
+    j["num_params"] = model::count_params(cfg);
     j["options"] = run.to_json();
     j["dataset"] = dataset_json;
     ojson s;
@@ -709,7 +710,7 @@ TrainResult run_training(const TrainOptions& options) {
     write_run_json(result.step >= run.steps ? "finished" : "running");
     result.time.checkpoint += seconds_since(t0);
   };
-  const std::string plot_title = fmt::format("{} ({} params)", cfg.name, human_count(double(model->num_params())));
+  const std::string plot_title = fmt::format("{} ({} params)", cfg.name, human_count(double(model::count_params(cfg))));
 
   StopSignals signals;
   StatusLine status(options.progress && writer);

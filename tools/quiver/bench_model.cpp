@@ -139,13 +139,13 @@ void run_bench(const ModelBenchArgs& a) {
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     const double tok_s = static_cast<double>(B * T) / median;
-    const double n = static_cast<double>(host.num_params());
+    const double n = static_cast<double>(model::count_params(cfg));
     const double mfu = (6.0 * n + mixer_flops_per_token(cfg, T)) * tok_s / kPeakFlops;
     nlohmann::ordered_json r;
     r["benchmark"] = "train";
     r["config"] = cfg.name;
     r["micro_x_T"] = fmt::format("{} x {}", B, T);
-    r["params"] = host.num_params();
+    r["params"] = model::count_params(cfg);
     r["step_ms"] = median * 1e3;
     r["tokens_per_s"] = tok_s;
     r["mfu"] = mfu;
@@ -197,7 +197,7 @@ void run_bench(const ModelBenchArgs& a) {
         r["benchmark"] = fmt::format("generate{} ({})", a.greedy ? " greedy" : "", graphs ? "CUDA graph" : "eager launches");
         r["config"] = cfg.name;
         r["micro_x_T"] = fmt::format("batch {}, {} + {} tokens", B, a.prompt_tokens, a.new_tokens);
-        r["params"] = host.num_params();
+        r["params"] = model::count_params(cfg);
         r["step_ms"] = 1e3 * s / static_cast<double>(a.new_tokens);
         r["tokens_per_s"] = static_cast<double>(produced) / s;
         r["mfu"] = "-";
