@@ -4,6 +4,7 @@
 #include "cuda/givens.h"
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "cuda/check.h"
 #include "cuda/relation_launch.h"
@@ -36,8 +37,17 @@ Geometry check_states(const Tensor& I, const Tensor& theta, int64_t layer, const
   check_cuda(theta, DType::F32, op, "theta");
   QV_CHECK(theta.ndim() == 1 && theta.dim(0) == g.heads / 2,
            "{}: theta: expected shape [{}], got {}", op, g.heads / 2, shape_str(theta.shape()));
+  QV_CHECK(g.heads / 2 <= detail::kGivensMaxPairs, "{}: {} heads exceed the supported {}", op, g.heads,
+           2 * detail::kGivensMaxPairs);
   const int64_t row_size = g.heads * g.head_dim;
   return {row_size == 0 ? 0 : I.numel() / row_size, g.heads, g.head_dim};
+}
+
+// The kernels move two channels at a time: an even head width and 4-byte aligned tensors.
+void check_pairs_of_channels(const Geometry& g, const char* op, std::initializer_list<const Tensor*> ts) {
+  QV_CHECK(g.head_dim % 2 == 0, "{}: the head width must be even, got {}", op, g.head_dim);
+  for (const Tensor* t : ts)
+    QV_CHECK(reinterpret_cast<uintptr_t>(t->raw()) % 4 == 0, "{}: tensors must be 4-byte aligned", op);
 }
 
 // H = 1: the identity, a device copy unless the output is the input.
@@ -55,6 +65,7 @@ void givens_forward(const Tensor& I, const Tensor& theta, int64_t layer, Tensor&
   const Geometry g = check_states(I, theta, layer, kForward);
   check_like(out, I, kForward, "out", "I");
   if (g.heads == 1) return copy_unless_same(I, out, stream);
+  check_pairs_of_channels(g, kForward, {&I, &out});
   detail::launch_givens_forward(bf16_in(I), static_cast<const float*>(theta.raw()), g.rows, g.heads,
                                 g.head_dim, layer, bf16_out(out), stream);
 }
@@ -69,6 +80,7 @@ void givens_backward(const Tensor& dOut, const Tensor& I, const Tensor& theta, i
            "{}: dtheta_accumulate: expected shape {} (as theta), got {}", kBackward,
            shape_str(theta.shape()), shape_str(dtheta_accumulate.shape()));
   if (g.heads == 1) return copy_unless_same(dOut, dI, stream);
+  check_pairs_of_channels(g, kBackward, {&dOut, &I, &dI});
   detail::launch_givens_backward(bf16_in(dOut), bf16_in(I), static_cast<const float*>(theta.raw()),
                                  g.rows, g.heads, g.head_dim, layer, bf16_out(dI),
                                  static_cast<float*>(dtheta_accumulate.raw()), stream);

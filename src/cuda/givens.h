@@ -7,7 +7,8 @@
 // other odd H are an error.
 //
 // Shapes: I, out, dOut, dI BF16 [..., H, Dh] (any leading dims, e.g. [B, T, H, Dh] or
-// [B, H, Dh]); theta and dtheta_accumulate F32 [H/2]. All contiguous CUDA tensors.
+// [B, H, Dh]); theta and dtheta_accumulate F32 [H/2]. All contiguous CUDA tensors, 4-byte
+// aligned, with Dh even (when H > 1) and H ≤ 512.
 // Precision: cos and sin in fp32, rotations in fp32 with one bf16 rounding per output; the
 // dθ sums accumulate in fp64.
 // Each call enqueues its kernels on `stream`, allocates nothing, never synchronizes the host
@@ -27,8 +28,8 @@ void givens_forward(const Tensor& I, const Tensor& theta, int64_t layer, Tensor&
 
 // Assigns dI = G_ℓ(θ)ᵀ dOut (dI may alias dOut) and accumulates
 //   dtheta_accumulate[k] += Σ over rows and channels of dOut_b · Ĩ_a − dOut_a · Ĩ_b
-// with Ĩ recomputed from I. Deterministic: each angle's sum runs in a fixed order (one
-// thread-block cluster per pair, its blocks' partials merged by rank), without atomics.
+// with Ĩ recomputed from I. Deterministic: each angle's sum runs in a fixed order (fixed row
+// ranges per block, then the blocks' partials in order), without atomics.
 void givens_backward(const Tensor& dOut, const Tensor& I, const Tensor& theta, int64_t layer,
                      Tensor& dI, Tensor& dtheta_accumulate, cudaStream_t stream = nullptr);
 

@@ -222,6 +222,9 @@ void retention_gate_backward(const Tensor& x, const Tensor& w_down, const Tensor
   check_cuda(ddt_bias_accumulate, DType::F32, {HD}, op, "ddt_bias_accumulate");
   check_cuda(scratch_dr, DType::BF16, {gd.N, HD}, op, "scratch_dr");
   check_cuda(scratch_dr_down, DType::BF16, {gd.N, gd.Dh}, op, "scratch_dr_down");
+  QV_CHECK(HD * 4 + gd.H * 8 <= detail::kGatePartialBytes,
+           "{}: {} heads of {} channels exceed the partial-sum buffer ({} bytes)", op, gd.H, gd.Dh,
+           detail::kGatePartialBytes);
   if (gd.N == 0) return;
   // r = r_down W_up, then dz in place.
   gemm(false, false, gd.N, HD, gd.Dh, 1.0f, r_down.raw(), DType::BF16, gd.Dh, w_up.raw(),

@@ -20,6 +20,7 @@
 // `quad` = threadIdx.x % 4, which hold the head-width lanes quad + 4n (n < kPadded / 4) of
 // that row in registers. Chunk tiles live in shared memory as fp32 with a row stride of
 // kPadded + 4 (≡ 4 or 20 mod 32), so 8 rows × 4 lanes of a warp hit 32 distinct banks.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -562,13 +563,28 @@ constexpr int kGateCols = 32;
 constexpr int kGateRowGroups = 16;
 constexpr int kGateThreads = kGateCols * kGateRowGroups;
 
+// The gate's backward reduces over all N rows. Stage 1: block (h, r) takes rows
+// [r·per, (r+1)·per) of head h, writes dz in place and its partial sums (dt_bias per column in
+// float, a_log in double) to g_gate_partials; stage 2 adds the R partials of each column and
+// head in order. The partial layout: R × HD floats (dt_bias), then R × H doubles (a_log).
+// A fixed, static buffer: the kernels of one device run in stream order (one caller at a time).
+__device__ __align__(16) unsigned char g_gate_partials[kGatePartialBytes];
+
+// Row chunks per head: about 256 rows each, at most 1024, and as many as the buffer holds.
+int64_t gate_row_chunks(int64_t N, int64_t H, int64_t Dh) {
+  const int64_t fit = (kGatePartialBytes - 8) / (H * Dh * 4 + H * 8);
+  return std::max<int64_t>(1, std::min<int64_t>({(N + 255) / 256, 1024, fit}));
+}
+
 __global__ void __launch_bounds__(kGateThreads)
     retention_gate_backward_kernel(uint16_t* dr, const float* dg, const float* a_log,
-                                   const float* dt_bias, float* da_log, float* ddt_bias,
-                                   int64_t N, int64_t H, int64_t Dh) {
+                                   const float* dt_bias, int64_t N, int64_t H, int64_t Dh, int64_t R) {
   __shared__ float partial[kGateRowGroups][kGateCols];
   __shared__ double scratch[kGateThreads / 32];
-  const int64_t h = blockIdx.x, HD = H * Dh;
+  const int64_t h = blockIdx.x, r = blockIdx.y, HD = H * Dh;
+  const int64_t per = (N + R - 1) / R, n0 = r * per, n1 = min(N, n0 + per);
+  float* part_bias = reinterpret_cast<float*>(g_gate_partials);
+  double* part_da = reinterpret_cast<double*>(g_gate_partials + ((R * HD * 4 + 7) / 8) * 8);
   const int x = threadIdx.x % kGateCols, ry = threadIdx.x / kGateCols;
   const float A = expf(a_log[h]);
   double da = 0.0;
@@ -578,7 +594,7 @@ __global__ void __launch_bounds__(kGateThreads)
     float dbias = 0.0f;
     if (active) {
       const float bias = dt_bias[col];
-      for (int64_t n = ry; n < N; n += kGateRowGroups) {
+      for (int64_t n = n0 + ry; n < n1; n += kGateRowGroups) {
         const int64_t idx = n * HD + col;
         const float z = bf16_load(dr[idx]) + bias, dgv = dg[idx];
         da += static_cast<double>(dgv * (-A * softplus(z)));
@@ -592,12 +608,29 @@ __global__ void __launch_bounds__(kGateThreads)
     if (ry == 0 && active) {
       float sum = 0.0f;
       for (int u = 0; u < kGateRowGroups; ++u) sum += partial[u][x];
-      ddt_bias[col] += sum;
+      part_bias[r * HD + col] = sum;
     }
     __syncthreads();
   }
   const double total = block_sum_double(da, scratch);
-  if (threadIdx.x == 0) da_log[h] += static_cast<float>(total);
+  if (threadIdx.x == 0) part_da[r * H + h] = total;
+}
+
+__global__ void retention_gate_backward_sum_kernel(float* da_log, float* ddt_bias, int64_t H, int64_t Dh,
+                                                   int64_t R) {
+  const int64_t HD = H * Dh, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const float* part_bias = reinterpret_cast<const float*>(g_gate_partials);
+  const double* part_da = reinterpret_cast<const double*>(g_gate_partials + ((R * HD * 4 + 7) / 8) * 8);
+  if (i < HD) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < R; ++r) sum += part_bias[r * HD + i];
+    ddt_bias[i] += sum;
+  } else if (i < HD + H) {
+    const int64_t h = i - HD;
+    double sum = 0.0;
+    for (int64_t r = 0; r < R; ++r) sum += part_da[r * H + h];
+    da_log[h] += static_cast<float>(sum);
+  }
 }
 
 template <int kPadded>
@@ -722,8 +755,13 @@ void launch_retention_gate_backward_elementwise(uint16_t* dr, const float* dg, c
                                                 float* ddt_bias, int64_t N, int64_t H, int64_t Dh,
                                                 cudaStream_t stream) {
   if (H == 0) return;
-  retention_gate_backward_kernel<<<static_cast<unsigned>(H), kGateThreads, 0, stream>>>(
-      dr, dg, a_log, dt_bias, da_log, ddt_bias, N, H, Dh);
+  const int64_t R = gate_row_chunks(N, H, Dh);
+  retention_gate_backward_kernel<<<dim3(static_cast<unsigned>(H), static_cast<unsigned>(R)), kGateThreads, 0,
+                                   stream>>>(dr, dg, a_log, dt_bias, N, H, Dh, R);
+  QV_CUDA_CHECK(cudaGetLastError());
+  const int64_t outputs = H * Dh + H;
+  retention_gate_backward_sum_kernel<<<static_cast<unsigned>((outputs + 255) / 256), 256, 0, stream>>>(
+      da_log, ddt_bias, H, Dh, R);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

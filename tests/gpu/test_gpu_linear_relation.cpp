@@ -329,60 +329,64 @@ TEST(GpuLinearRelationChecks, BadArgumentsThrowNamingTheTensor) {
 // head index errs by O(1); an assignment instead of an accumulation errs by the start value.
 TEST(GpuRetentionGate, ForwardAndBackwardMatchTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const int64_t N = 74, D = 96, H = 4, Dh = 60, HD = H * Dh;
-  Rng rng(21);
-  const Tensor x = random_uniform({N, D}, rng, -1.0, 1.0, DType::BF16);
-  const Tensor w_down = random_uniform({D, Dh}, rng, -0.2, 0.2, DType::BF16);
-  const Tensor w_up = random_uniform({Dh, HD}, rng, -0.3, 0.3, DType::BF16);
-  const Tensor a_log = random_uniform({H}, rng, -1.0, 0.5, DType::F32);
-  const Tensor dt_bias = random_uniform({HD}, rng, -1.0, 1.0, DType::F32);
-  const Tensor dg = random_uniform({N, HD}, rng, -1.0, 1.0, DType::F32);
+  // N = 1000: the chunked reduction of the gate's sums (several row chunks per head).
+  for (const int64_t N : {int64_t{74}, int64_t{1000}}) {
+    SCOPED_TRACE("N = " + std::to_string(N));
+    const int64_t D = 96, H = 4, Dh = 60, HD = H * Dh;
+    Rng rng(21);
+    const Tensor x = random_uniform({N, D}, rng, -1.0, 1.0, DType::BF16);
+    const Tensor w_down = random_uniform({D, Dh}, rng, -0.2, 0.2, DType::BF16);
+    const Tensor w_up = random_uniform({Dh, HD}, rng, -0.3, 0.3, DType::BF16);
+    const Tensor a_log = random_uniform({H}, rng, -1.0, 0.5, DType::F32);
+    const Tensor dt_bias = random_uniform({HD}, rng, -1.0, 1.0, DType::F32);
+    const Tensor dg = random_uniform({N, HD}, rng, -1.0, 1.0, DType::F32);
 
-  const Tensor x64 = x.to(DType::F64), wd64 = w_down.to(DType::F64), wu64 = w_up.to(DType::F64),
-               al64 = a_log.to(DType::F64), b64 = dt_bias.to(DType::F64);
-  Tensor g_ref = Tensor::empty({N, H, Dh}, DType::F64);
-  ops::retention_gate_forward(x64, wd64, wu64, al64, b64, g_ref);
-  Tensor rd_ref = Tensor::zeros({N, Dh}, DType::F64);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < Dh; ++k) {
-      double s = 0;
-      for (int64_t i = 0; i < D; ++i)
-        s += x64.data<double>()[n * D + i] * wd64.data<double>()[i * Dh + k];
-      rd_ref.data<double>()[n * Dh + k] = s;
-    }
+    const Tensor x64 = x.to(DType::F64), wd64 = w_down.to(DType::F64), wu64 = w_up.to(DType::F64),
+                 al64 = a_log.to(DType::F64), b64 = dt_bias.to(DType::F64);
+    Tensor g_ref = Tensor::empty({N, H, Dh}, DType::F64);
+    ops::retention_gate_forward(x64, wd64, wu64, al64, b64, g_ref);
+    Tensor rd_ref = Tensor::zeros({N, Dh}, DType::F64);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < Dh; ++k) {
+        double s = 0;
+        for (int64_t i = 0; i < D; ++i)
+          s += x64.data<double>()[n * D + i] * wd64.data<double>()[i * Dh + k];
+        rd_ref.data<double>()[n * Dh + k] = s;
+      }
 
-  const Tensor x_d = to_device(x), wd_d = to_device(w_down), wu_d = to_device(w_up),
-               al_d = to_device(a_log), b_d = to_device(dt_bias), dg_d = to_device(dg);
-  Tensor r_down = poisoned({N, Dh}, DType::BF16), g = poisoned({N, HD}, DType::F32);
-  cuda::retention_gate_forward(x_d, wd_d, wu_d, al_d, b_d, r_down, g);
-  EXPECT_LT(error(to_host_f64(r_down), rd_ref), 2 * kU) << "r_down";
-  EXPECT_LT(error(to_host_f64(g), g_ref.reshape({N, HD})), 4 * kU) << "g";
+    const Tensor x_d = to_device(x), wd_d = to_device(w_down), wu_d = to_device(w_up),
+                 al_d = to_device(a_log), b_d = to_device(dt_bias), dg_d = to_device(dg);
+    Tensor r_down = poisoned({N, Dh}, DType::BF16), g = poisoned({N, HD}, DType::F32);
+    cuda::retention_gate_forward(x_d, wd_d, wu_d, al_d, b_d, r_down, g);
+    EXPECT_LT(error(to_host_f64(r_down), rd_ref), 2 * kU) << "r_down";
+    EXPECT_LT(error(to_host_f64(g), g_ref.reshape({N, HD})), 4 * kU) << "g";
 
-  Tensor dx_ref = Tensor::empty({N, D}, DType::F64), dwd_ref = Tensor::empty({D, Dh}, DType::F64),
-         dwu_ref = Tensor::empty({Dh, HD}, DType::F64), dal_ref = Tensor::empty({H}, DType::F64),
-         db_ref = Tensor::empty({HD}, DType::F64);
-  ops::retention_gate_backward(x64, wd64, wu64, al64, b64, dg.to(DType::F64).reshape({N, H, Dh}),
-                               dx_ref, dwd_ref, dwu_ref, dal_ref, db_ref);
+    Tensor dx_ref = Tensor::empty({N, D}, DType::F64), dwd_ref = Tensor::empty({D, Dh}, DType::F64),
+           dwu_ref = Tensor::empty({Dh, HD}, DType::F64), dal_ref = Tensor::empty({H}, DType::F64),
+           db_ref = Tensor::empty({HD}, DType::F64);
+    ops::retention_gate_backward(x64, wd64, wu64, al64, b64, dg.to(DType::F64).reshape({N, H, Dh}),
+                                 dx_ref, dwd_ref, dwu_ref, dal_ref, db_ref);
 
-  // Accumulators start from non-zero values.
-  const Tensor dx0 = random_uniform({N, D}, rng, -0.5, 0.5, DType::BF16);
-  const Tensor dwd0 = random_uniform({D, Dh}, rng, -1.0, 1.0, DType::F32);
-  const Tensor dwu0 = random_uniform({Dh, HD}, rng, -1.0, 1.0, DType::F32);
-  const Tensor dal0 = random_uniform({H}, rng, -1.0, 1.0, DType::F32);
-  const Tensor db0 = random_uniform({HD}, rng, -1.0, 1.0, DType::F32);
-  Tensor dx = to_device(dx0), dwd = to_device(dwd0), dwu = to_device(dwu0), dal = to_device(dal0),
-         db = to_device(db0);
-  Tensor scratch_dr = poisoned({N, HD}, DType::BF16), scratch_down = poisoned({N, Dh}, DType::BF16);
-  cuda::retention_gate_backward(x_d, wd_d, wu_d, al_d, b_d, r_down, dg_d, dx, dwd, dwu, dal, db,
-                                scratch_dr, scratch_down);
-  EXPECT_LT(error(to_host_f64(dx), plus(dx0, dx_ref)), 8 * kU) << "dx";
-  EXPECT_LT(error(minus(to_host(dwd), dwd0), dwd_ref), 8 * kU) << "dw_down";
-  EXPECT_LT(error(minus(to_host(dwu), dwu0), dwu_ref), 6 * kU) << "dw_up";
-  EXPECT_LT(error(minus(to_host(dal), dal0), dal_ref), 4 * kU) << "da_log";
-  EXPECT_LT(error(minus(to_host(db), db0), db_ref), 4 * kU) << "ddt_bias";
-  // Sanity of the floor: the references are far from vanishing.
-  EXPECT_GT(norm(dal_ref), 1.0);
-  EXPECT_GT(norm(db_ref), 1.0);
+    // Accumulators start from non-zero values.
+    const Tensor dx0 = random_uniform({N, D}, rng, -0.5, 0.5, DType::BF16);
+    const Tensor dwd0 = random_uniform({D, Dh}, rng, -1.0, 1.0, DType::F32);
+    const Tensor dwu0 = random_uniform({Dh, HD}, rng, -1.0, 1.0, DType::F32);
+    const Tensor dal0 = random_uniform({H}, rng, -1.0, 1.0, DType::F32);
+    const Tensor db0 = random_uniform({HD}, rng, -1.0, 1.0, DType::F32);
+    Tensor dx = to_device(dx0), dwd = to_device(dwd0), dwu = to_device(dwu0), dal = to_device(dal0),
+           db = to_device(db0);
+    Tensor scratch_dr = poisoned({N, HD}, DType::BF16), scratch_down = poisoned({N, Dh}, DType::BF16);
+    cuda::retention_gate_backward(x_d, wd_d, wu_d, al_d, b_d, r_down, dg_d, dx, dwd, dwu, dal, db,
+                                  scratch_dr, scratch_down);
+    EXPECT_LT(error(to_host_f64(dx), plus(dx0, dx_ref)), 8 * kU) << "dx";
+    EXPECT_LT(error(minus(to_host(dwd), dwd0), dwd_ref), 8 * kU) << "dw_down";
+    EXPECT_LT(error(minus(to_host(dwu), dwu0), dwu_ref), 6 * kU) << "dw_up";
+    EXPECT_LT(error(minus(to_host(dal), dal0), dal_ref), 4 * kU) << "da_log";
+    EXPECT_LT(error(minus(to_host(db), db0), db_ref), 4 * kU) << "ddt_bias";
+    // Sanity of the floor: the references are far from vanishing.
+    EXPECT_GT(norm(dal_ref), 1.0);
+    EXPECT_GT(norm(db_ref), 1.0);
+  }
 }
 
 bool all_finite(const Tensor& dev) {
