@@ -2,7 +2,7 @@
 // use of a device and destroyed at program exit.
 //
 // Contract: the workspace is shared by every GEMM on the device, whatever the stream, and by
-// the norm backward's parameter sums (ops.h). GEMMs on
+// the parameter sums of the norm, Givens and retention-gate backwards. GEMMs on
 // one stream are ordered, so sharing is safe there; callers that run GEMMs on several streams
 // concurrently must order those streams (an event) or the GEMMs may corrupt each other's
 // workspace. Creating the context allocates (cudaMalloc), which a CUDA graph capture forbids:

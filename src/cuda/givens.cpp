@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/relation_launch.h"
 #include "ops/givens.h"
 
@@ -37,8 +38,6 @@ Geometry check_states(const Tensor& I, const Tensor& theta, int64_t layer, const
   check_cuda(theta, DType::F32, op, "theta");
   QV_CHECK(theta.ndim() == 1 && theta.dim(0) == g.heads / 2,
            "{}: theta: expected shape [{}], got {}", op, g.heads / 2, shape_str(theta.shape()));
-  QV_CHECK(g.heads / 2 <= detail::kGivensMaxPairs, "{}: {} heads exceed the supported {}", op, g.heads,
-           2 * detail::kGivensMaxPairs);
   const int64_t row_size = g.heads * g.head_dim;
   return {row_size == 0 ? 0 : I.numel() / row_size, g.heads, g.head_dim};
 }
@@ -81,9 +80,14 @@ void givens_backward(const Tensor& dOut, const Tensor& I, const Tensor& theta, i
            shape_str(theta.shape()), shape_str(dtheta_accumulate.shape()));
   if (g.heads == 1) return copy_unless_same(dOut, dI, stream);
   check_pairs_of_channels(g, kBackward, {&dOut, &I, &dI});
+  // The dθ partial sums use the device's GEMM workspace (context.h: stream-ordered scratch).
+  const Context& ctx = context();
+  QV_CHECK(detail::kGivensDthetaBlocks * (g.heads / 2) * sizeof(double) <= ctx.workspace_bytes(),
+           "{}: {} heads exceed the scratch of the dθ sums", kBackward, g.heads);
   detail::launch_givens_backward(bf16_in(dOut), bf16_in(I), static_cast<const float*>(theta.raw()),
                                  g.rows, g.heads, g.head_dim, layer, bf16_out(dI),
-                                 static_cast<float*>(dtheta_accumulate.raw()), stream);
+                                 static_cast<float*>(dtheta_accumulate.raw()),
+                                 static_cast<double*>(ctx.workspace()), stream);
 }
 
 }  // namespace quiver::cuda

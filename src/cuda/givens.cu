@@ -12,13 +12,12 @@ namespace quiver::cuda::detail {
 namespace {
 
 constexpr int kRotateThreads = 256;
-// dθ: stage 1 splits the rows into kDthetaBlocks fixed ranges; block i sums every pair over
-// its rows (a fixed tree per pair) into g_dtheta_partials[i][k]; stage 2 adds the blocks'
+// dθ: stage 1 splits the rows into kGivensDthetaBlocks fixed ranges; block i sums every pair
+// over its rows (a fixed tree per pair) into partials[i·pairs + k]; stage 2 adds the blocks'
 // partials of each pair in block order. The grid does not depend on the GPU, so the sums are
-// the same on any device. A static buffer: one device's kernels run in stream order.
-constexpr int kDthetaBlocks = 264;
+// the same on any device.
+constexpr int kDthetaBlocks = kGivensDthetaBlocks;
 constexpr int kDthetaThreads = 256;
-__device__ double g_dtheta_partials[kDthetaBlocks * kGivensMaxPairs];
 
 struct HeadPair {
   int64_t a, b;
@@ -59,7 +58,8 @@ __global__ void __launch_bounds__(kRotateThreads)
 // Stage 1 of dθ[k] += Σ_{rows, channels} dOut_b·Ĩ_a − dOut_a·Ĩ_b (Ĩ recomputed from I).
 __global__ void __launch_bounds__(kDthetaThreads)
     givens_dtheta_partial_kernel(const uint16_t* d_out, const uint16_t* in, const float* theta,
-                                 int64_t rows, int64_t heads, int64_t head_dim, int64_t layer) {
+                                 int64_t rows, int64_t heads, int64_t head_dim, int64_t layer,
+                                 double* partials) {
   __shared__ double scratch[kDthetaThreads / 32];
   const int64_t pairs = heads / 2, half = head_dim / 2;
   const int64_t per = (rows + kDthetaBlocks - 1) / kDthetaBlocks;
@@ -79,15 +79,15 @@ __global__ void __launch_bounds__(kDthetaThreads)
       sum += static_cast<double>(v);
     }
     const double total = block_sum_double(sum, scratch);
-    if (threadIdx.x == 0) g_dtheta_partials[blockIdx.x * kGivensMaxPairs + k] = total;
+    if (threadIdx.x == 0) partials[blockIdx.x * pairs + k] = total;
   }
 }
 
-__global__ void givens_dtheta_sum_kernel(int64_t pairs, float* dtheta) {
+__global__ void givens_dtheta_sum_kernel(int64_t pairs, const double* partials, float* dtheta) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= pairs) return;
   double acc = 0.0;
-  for (int b = 0; b < kDthetaBlocks; ++b) acc += g_dtheta_partials[b * kGivensMaxPairs + k];
+  for (int b = 0; b < kDthetaBlocks; ++b) acc += partials[b * pairs + k];
   dtheta[k] = static_cast<float>(static_cast<double>(dtheta[k]) + acc);
 }
 
@@ -104,14 +104,15 @@ void launch_givens_forward(const uint16_t* in, const float* theta, int64_t rows,
 
 void launch_givens_backward(const uint16_t* d_out, const uint16_t* in, const float* theta,
                             int64_t rows, int64_t heads, int64_t head_dim, int64_t layer,
-                            uint16_t* d_in, float* dtheta, cudaStream_t stream) {
+                            uint16_t* d_in, float* dtheta, double* partials, cudaStream_t stream) {
   const int64_t pairs = heads / 2, n = rows * pairs * (head_dim / 2);
   if (n == 0) return;
   // dθ first: it reads d_out, which the rotation below may overwrite (d_in == d_out).
   givens_dtheta_partial_kernel<<<kDthetaBlocks, kDthetaThreads, 0, stream>>>(d_out, in, theta, rows, heads,
-                                                                              head_dim, layer);
+                                                                              head_dim, layer, partials);
   QV_CUDA_CHECK(cudaGetLastError());
-  givens_dtheta_sum_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, stream>>>(pairs, dtheta);
+  givens_dtheta_sum_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, stream>>>(pairs, partials,
+                                                                                            dtheta);
   QV_CUDA_CHECK(cudaGetLastError());
   givens_rotate_kernel<<<grid_for(n, kRotateThreads), kRotateThreads, 0, stream>>>(
       d_out, theta, -1.0f, rows, heads, head_dim, layer, d_in);

@@ -8,11 +8,12 @@
 //
 // Shapes: I, out, dOut, dI BF16 [..., H, Dh] (any leading dims, e.g. [B, T, H, Dh] or
 // [B, H, Dh]); theta and dtheta_accumulate F32 [H/2]. All contiguous CUDA tensors, 4-byte
-// aligned, with Dh even (when H > 1) and H ≤ 512.
+// aligned, with Dh even (when H > 1).
 // Precision: cos and sin in fp32, rotations in fp32 with one bf16 rounding per output; the
 // dθ sums accumulate in fp64.
 // Each call enqueues its kernels on `stream`, allocates nothing, never synchronizes the host
-// and is capturable in a CUDA graph.
+// and is capturable in a CUDA graph. The backward's dθ sums use the device's GEMM workspace
+// (context.h), stream-ordered like the GEMMs.
 #pragma once
 #include <cuda_runtime.h>
 

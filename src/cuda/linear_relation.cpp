@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/gemm.h"
 #include "cuda/linear_relation_launch.h"
 #include "ops/head_shape.h"
@@ -222,9 +223,11 @@ void retention_gate_backward(const Tensor& x, const Tensor& w_down, const Tensor
   check_cuda(ddt_bias_accumulate, DType::F32, {HD}, op, "ddt_bias_accumulate");
   check_cuda(scratch_dr, DType::BF16, {gd.N, HD}, op, "scratch_dr");
   check_cuda(scratch_dr_down, DType::BF16, {gd.N, gd.Dh}, op, "scratch_dr_down");
-  QV_CHECK(HD * 4 + gd.H * 8 <= detail::kGatePartialBytes,
-           "{}: {} heads of {} channels exceed the partial-sum buffer ({} bytes)", op, gd.H, gd.Dh,
-           detail::kGatePartialBytes);
+  // The parameter sums' partials use the device's GEMM workspace (context.h), stream-ordered
+  // like the GEMMs around them.
+  const Context& ctx = context();
+  QV_CHECK(static_cast<size_t>(HD * 4 + gd.H * 8 + 8) <= ctx.workspace_bytes(),
+           "{}: {} heads of {} channels exceed the scratch of the parameter sums", op, gd.H, gd.Dh);
   if (gd.N == 0) return;
   // r = r_down W_up, then dz in place.
   gemm(false, false, gd.N, HD, gd.Dh, 1.0f, r_down.raw(), DType::BF16, gd.Dh, w_up.raw(),
@@ -233,7 +236,7 @@ void retention_gate_backward(const Tensor& x, const Tensor& w_down, const Tensor
       bf16_out(scratch_dr), static_cast<const float*>(dg.raw()),
       static_cast<const float*>(a_log.raw()), static_cast<const float*>(dt_bias.raw()),
       static_cast<float*>(da_log_accumulate.raw()), static_cast<float*>(ddt_bias_accumulate.raw()),
-      gd.N, gd.H, gd.Dh, stream);
+      gd.N, gd.H, gd.Dh, ctx.workspace(), ctx.workspace_bytes(), stream);
   // dW_up += r_downᵀ dz;  d(r_down) = dz W_upᵀ.
   gemm(true, false, gd.Dh, HD, gd.N, 1.0f, r_down.raw(), DType::BF16, gd.Dh, scratch_dr.raw(),
        DType::BF16, HD, 1.0f, dw_up_accumulate.raw(), DType::F32, HD, stream);

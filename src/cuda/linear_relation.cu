@@ -565,26 +565,25 @@ constexpr int kGateThreads = kGateCols * kGateRowGroups;
 
 // The gate's backward reduces over all N rows. Stage 1: block (h, r) takes rows
 // [r·per, (r+1)·per) of head h, writes dz in place and its partial sums (dt_bias per column in
-// float, a_log in double) to g_gate_partials; stage 2 adds the R partials of each column and
-// head in order. The partial layout: R × HD floats (dt_bias), then R × H doubles (a_log).
-// A fixed, static buffer: the kernels of one device run in stream order (one caller at a time).
-__device__ __align__(16) unsigned char g_gate_partials[kGatePartialBytes];
+// float, a_log in double) to the scratch; stage 2 adds the R partials of each column and
+// head in order. The scratch layout: R × HD floats (dt_bias), then R × H doubles (a_log).
 
-// Row chunks per head: about 256 rows each, at most 1024, and as many as the buffer holds.
-int64_t gate_row_chunks(int64_t N, int64_t H, int64_t Dh) {
-  const int64_t fit = (kGatePartialBytes - 8) / (H * Dh * 4 + H * 8);
+// Row chunks per head: about 256 rows each, at most 1024, and as many as the scratch holds.
+int64_t gate_row_chunks(int64_t N, int64_t H, int64_t Dh, size_t scratch_bytes) {
+  const int64_t fit = (static_cast<int64_t>(scratch_bytes) - 8) / (H * Dh * 4 + H * 8);
   return std::max<int64_t>(1, std::min<int64_t>({(N + 255) / 256, 1024, fit}));
 }
 
 __global__ void __launch_bounds__(kGateThreads)
     retention_gate_backward_kernel(uint16_t* dr, const float* dg, const float* a_log,
-                                   const float* dt_bias, int64_t N, int64_t H, int64_t Dh, int64_t R) {
+                                   const float* dt_bias, int64_t N, int64_t H, int64_t Dh, int64_t R,
+                                   unsigned char* scratch_bytes) {
   __shared__ float partial[kGateRowGroups][kGateCols];
   __shared__ double scratch[kGateThreads / 32];
   const int64_t h = blockIdx.x, r = blockIdx.y, HD = H * Dh;
   const int64_t per = (N + R - 1) / R, n0 = r * per, n1 = min(N, n0 + per);
-  float* part_bias = reinterpret_cast<float*>(g_gate_partials);
-  double* part_da = reinterpret_cast<double*>(g_gate_partials + ((R * HD * 4 + 7) / 8) * 8);
+  float* part_bias = reinterpret_cast<float*>(scratch_bytes);
+  double* part_da = reinterpret_cast<double*>(scratch_bytes + ((R * HD * 4 + 7) / 8) * 8);
   const int x = threadIdx.x % kGateCols, ry = threadIdx.x / kGateCols;
   const float A = expf(a_log[h]);
   double da = 0.0;
@@ -617,10 +616,10 @@ __global__ void __launch_bounds__(kGateThreads)
 }
 
 __global__ void retention_gate_backward_sum_kernel(float* da_log, float* ddt_bias, int64_t H, int64_t Dh,
-                                                   int64_t R) {
+                                                   int64_t R, const unsigned char* scratch_bytes) {
   const int64_t HD = H * Dh, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const float* part_bias = reinterpret_cast<const float*>(g_gate_partials);
-  const double* part_da = reinterpret_cast<const double*>(g_gate_partials + ((R * HD * 4 + 7) / 8) * 8);
+  const float* part_bias = reinterpret_cast<const float*>(scratch_bytes);
+  const double* part_da = reinterpret_cast<const double*>(scratch_bytes + ((R * HD * 4 + 7) / 8) * 8);
   if (i < HD) {
     float sum = 0.0f;
     for (int64_t r = 0; r < R; ++r) sum += part_bias[r * HD + i];
@@ -753,15 +752,16 @@ void launch_retention_gate_activation(float* g, const float* a_log, const float*
 void launch_retention_gate_backward_elementwise(uint16_t* dr, const float* dg, const float* a_log,
                                                 const float* dt_bias, float* da_log,
                                                 float* ddt_bias, int64_t N, int64_t H, int64_t Dh,
-                                                cudaStream_t stream) {
+                                                void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (H == 0) return;
-  const int64_t R = gate_row_chunks(N, H, Dh);
+  const int64_t R = gate_row_chunks(N, H, Dh, scratch_bytes);
+  auto* bytes = static_cast<unsigned char*>(scratch);
   retention_gate_backward_kernel<<<dim3(static_cast<unsigned>(H), static_cast<unsigned>(R)), kGateThreads, 0,
-                                   stream>>>(dr, dg, a_log, dt_bias, N, H, Dh, R);
+                                   stream>>>(dr, dg, a_log, dt_bias, N, H, Dh, R, bytes);
   QV_CUDA_CHECK(cudaGetLastError());
   const int64_t outputs = H * Dh + H;
   retention_gate_backward_sum_kernel<<<static_cast<unsigned>((outputs + 255) / 256), 256, 0, stream>>>(
-      da_log, ddt_bias, H, Dh, R);
+      da_log, ddt_bias, H, Dh, R, bytes);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

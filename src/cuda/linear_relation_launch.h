@@ -86,12 +86,11 @@ void launch_retention_gate_activation(float* g, const float* a_log, const float*
 // dz = −dg · exp(a_log[h]) · sigmoid(z), z = r + dt_bias; ddt_bias += Σ_rows dz and
 // da_log[h] += Σ_{rows, columns of h} dg · g, summed in a fixed order (row chunks per head, then
 // the chunks' partials in order).
-// The gate backward's partial sums live in a static device buffer of this size; it needs
-// H·Dh·4 + H·8 bytes at least (checked by the caller).
-constexpr int64_t kGatePartialBytes = int64_t{8} << 20;
+// The partial sums go through `scratch` (stream-ordered, scratch_bytes ≥ H·Dh·4 + H·8 + 8).
 void launch_retention_gate_backward_elementwise(uint16_t* dr, const float* dg, const float* a_log,
                                                 const float* dt_bias, float* da_log,
                                                 float* ddt_bias, int64_t N, int64_t H, int64_t Dh,
+                                                void* scratch, size_t scratch_bytes,
                                                 cudaStream_t stream);
 
 }  // namespace quiver::cuda::detail

@@ -97,14 +97,14 @@ void launch_relation_decode(const RelationDecodeArgs& args, cudaStream_t stream)
 // out = G(θ) in (out may equal in).
 void launch_givens_forward(const uint16_t* in, const float* theta, int64_t rows, int64_t heads,
                            int64_t head_dim, int64_t layer, uint16_t* out, cudaStream_t stream);
-// Head pairs the Givens backward's partial-sum buffer holds.
-constexpr int64_t kGivensMaxPairs = 256;
 // dtheta[k] += Σ over rows and channels of dOut_b·Ĩ_a − dOut_a·Ĩ_b (Ĩ recomputed from I), in a
 // fixed order; then d_in = G(θ)ᵀ d_out (d_in may equal d_out: it is written after the sum).
-// Both kernels move two channels at a time (head_dim even, pointers 4-byte aligned).
+// Both kernels move two channels at a time (head_dim even, pointers 4-byte aligned). The sums
+// go through `partials`, kGivensDthetaBlocks · H/2 doubles of stream-ordered scratch.
+constexpr int64_t kGivensDthetaBlocks = 264;
 void launch_givens_backward(const uint16_t* d_out, const uint16_t* in, const float* theta,
                             int64_t rows, int64_t heads, int64_t head_dim, int64_t layer,
-                            uint16_t* d_in, float* dtheta, cudaStream_t stream);
+                            uint16_t* d_in, float* dtheta, double* partials, cudaStream_t stream);
 
 #define QUIVER_RELATION_DECLARE(P)                                                           \
   extern template void launch_relation_forward<P>(const RelationForwardArgs&, cudaStream_t); \
