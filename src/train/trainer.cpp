@@ -458,16 +458,26 @@ RunStart resume_run(const TrainOptions& options) {
     fail("{}: metadata 'quiver.options' is missing or not valid JSON ({})", opt_path, e.what());
   }
   run = Resolved::from_json(recorded, opt_path);
-  const int64_t P = model->num_params();
-  for (const char* name : {"adamw.m", "adamw.v"}) {
+  // The flat buffer's layout: every parameter at a multiple of kParamAlign. A state written
+  // before that alignment holds the parameters back to back; it is moved into the layout.
+  const int64_t P = model->num_params(), count = model::count_params(model->config());
+  auto flat_state = [&](const char* name) {
     const Tensor& t = opt.get(name);
-    QV_CHECK(t.dtype() == DType::F32 && t.shape() == Shape{P},
-             "{}: tensor '{}' is {} {}, expected F32 [{}] (the model's flat parameter buffer, "
-             "each parameter aligned to {} elements; a state written before that alignment cannot resume)",
-             opt_path, name, dtype_name(t.dtype()), shape_str(t.shape()), P, model::kParamAlign);
-  }
-  resumed_m = opt.get("adamw.m");
-  resumed_v = opt.get("adamw.v");
+    QV_CHECK(t.dtype() == DType::F32 && (t.shape() == Shape{P} || t.shape() == Shape{count}),
+             "{}: tensor '{}' is {} {}, expected F32 [{}] (the model's flat parameter buffer) or [{}] "
+             "(its {} parameters back to back)",
+             opt_path, name, dtype_name(t.dtype()), shape_str(t.shape()), P, count, count);
+    if (t.numel() == P) return t;
+    Tensor out = Tensor::zeros({P}, DType::F32);
+    int64_t at = 0;
+    for (const model::ParamInfo& p : model->param_table()) {
+      out.slice(0, p.offset, p.offset + p.numel).copy_from(t.slice(0, at, at + p.numel));
+      at += p.numel;
+    }
+    return out;
+  };
+  resumed_m = flat_state("adamw.m");
+  resumed_v = flat_state("adamw.v");
 
   if (!options.config.empty()) {
     const model::ModelConfig given = model::load_config(options.config);
