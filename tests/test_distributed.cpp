@@ -149,4 +149,27 @@ TEST(Distributed, TcpRendezvousHandsRankZerosPayloadToEveryRank) {
   EXPECT_THROW(rendezvous_tcp("not-an-address", port, 1, 2, "", 100ms), Error);
 }
 
+// The description a rank gets picks the rendezvous: tcp://ADDRESS:PORT or a file path.
+TEST(Distributed, RendezvousByDescription) {
+  const RendezvousSpec t = parse_rendezvous("tcp://10.1.2.3:29500");
+  EXPECT_TRUE(t.tcp);
+  EXPECT_EQ(t.host, "10.1.2.3");
+  EXPECT_EQ(t.port, 29500);
+  const RendezvousSpec f = parse_rendezvous("/tmp/quiver-rendezvous-1");
+  EXPECT_FALSE(f.tcp);
+  EXPECT_EQ(f.path, "/tmp/quiver-rendezvous-1");
+  for (const char* bad : {"", "tcp://10.1.2.3", "tcp://:29500", "tcp://10.1.2.3:", "tcp://10.1.2.3:70000",
+                          "tcp://10.1.2.3:29x", "tcp://head:29500"})
+    EXPECT_THROW(parse_rendezvous(bad), Error) << bad;
+
+  const std::string id = "0123456789abcdef";
+  const std::string spec = "tcp://127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::string> got(3);
+  std::vector<std::thread> ranks;
+  for (int r = 2; r >= 0; --r)
+    ranks.emplace_back([&, r] { got[r] = rendezvous(spec, r, 3, r == 0 ? id : std::string(), 5000ms); });
+  for (auto& th : ranks) th.join();
+  for (const std::string& g : got) EXPECT_EQ(g, id);
+}
+
 }  // namespace

@@ -122,8 +122,8 @@ Communicator::Communicator(int rank, int world, const std::string& rendezvous, d
     check(a.get_unique_id(&id), "ncclGetUniqueId");
     payload = to_hex(id);
   }
-  payload = train::rendezvous_file(rendezvous, rank, payload,
-                                   std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  payload = train::rendezvous(rendezvous, rank, world, payload,
+                              std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   Comm comm = nullptr;
   check(a.comm_init_rank(&comm, world, from_hex(payload), rank), "ncclCommInitRank");
   comm_ = comm;

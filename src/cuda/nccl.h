@@ -22,7 +22,8 @@ int nccl_version();
 class Communicator {
  public:
   // Every rank calls this; rank 0 creates the id and hands it out through `rendezvous` (a
-  // fresh file path, train::rendezvous_file), waiting at most timeout_s for the others.
+  // fresh file path on one host, tcp://ADDRESS:PORT across hosts: train::rendezvous), waiting
+  // at most timeout_s for the others.
   Communicator(int rank, int world, const std::string& rendezvous, double timeout_s = 300);
   ~Communicator();
   Communicator(const Communicator&) = delete;

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "quiver/error.h"
@@ -166,6 +168,38 @@ std::string rendezvous_tcp(const std::string& host, int port, int rank, int worl
              where, timeout.count(), std::strerror(errno));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+RendezvousSpec parse_rendezvous(const std::string& spec) {
+  RendezvousSpec r;
+  constexpr std::string_view kTcp = "tcp://";
+  if (spec.rfind(kTcp, 0) != 0) {
+    QV_CHECK(!spec.empty(), "rendezvous: the description is empty (a file path or tcp://ADDRESS:PORT)");
+    r.path = spec;
+    return r;
+  }
+  const std::string rest = spec.substr(kTcp.size());
+  const size_t colon = rest.rfind(':');
+  QV_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(),
+           "rendezvous: '{}' is not tcp://ADDRESS:PORT", spec);
+  r.tcp = true;
+  r.host = rest.substr(0, colon);
+  const std::string port = rest.substr(colon + 1);
+  char* end = nullptr;
+  errno = 0;
+  const long p = std::strtol(port.c_str(), &end, 10);
+  QV_CHECK(errno == 0 && *end == '\0' && p > 0 && p < 65536, "rendezvous: '{}': the port '{}' is not in [1, 65535]",
+           spec, port);
+  r.port = static_cast<int>(p);
+  address_of(r.host, r.port);  // an IPv4 address, or an error naming it
+  return r;
+}
+
+std::string rendezvous(const std::string& spec, int rank, int world, const std::string& payload,
+                       std::chrono::milliseconds timeout) {
+  const RendezvousSpec r = parse_rendezvous(spec);
+  if (r.tcp) return rendezvous_tcp(r.host, r.port, rank, world, payload, timeout);
+  return rendezvous_file(r.path, rank, payload, timeout);
 }
 
 }  // namespace quiver::train

@@ -63,4 +63,16 @@ std::string rendezvous_file(const std::string& path, int rank, const std::string
 std::string rendezvous_tcp(const std::string& host, int port, int rank, int world, const std::string& payload,
                            std::chrono::milliseconds timeout);
 
+// A rendezvous by its description: "tcp://ADDRESS:PORT" (IPv4; several hosts) or a file path
+// (one host). Errors name a malformed description.
+struct RendezvousSpec {
+  bool tcp = false;
+  std::string path;  // file
+  std::string host;  // tcp
+  int port = 0;
+};
+RendezvousSpec parse_rendezvous(const std::string& spec);
+std::string rendezvous(const std::string& spec, int rank, int world, const std::string& payload,
+                       std::chrono::milliseconds timeout);
+
 }  // namespace quiver::train

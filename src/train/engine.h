@@ -51,7 +51,7 @@ class Engine {
 // The process's place in a data-parallel run.
 struct Parallel {
   int rank = 0, world = 1;
-  std::string rendezvous;  // file path through which rank 0 hands out the communicator id
+  std::string rendezvous;  // how rank 0 hands out the communicator id: a file path, or tcp://ADDRESS:PORT
 };
 
 std::unique_ptr<Engine> make_cpu_engine(model::Model& model, AdamW& adam);

@@ -86,14 +86,27 @@ std::string visible_device_for(int rank, int world, const char* parent_list) {
   return entries[static_cast<size_t>(rank)];
 }
 
-void run_ranks(int world) {
+std::vector<std::string> rank_environment(int local, int gpus, int nodes, int node_rank,
+                                          const std::string& rendezvous, const char* parent_devices) {
+  QV_CHECK(gpus >= 1 && nodes >= 1 && local >= 0 && local < gpus && node_rank >= 0 && node_rank < nodes,
+           "rank_environment: local rank {} of {} on host {} of {}", local, gpus, node_rank, nodes);
+  return {fmt::format("{}={}", kRankEnv, node_rank * gpus + local), fmt::format("{}={}", kWorldEnv, nodes * gpus),
+          fmt::format("{}={}", kRendezvousEnv, rendezvous),
+          "CUDA_VISIBLE_DEVICES=" + visible_device_for(local, gpus, parent_devices), "NCCL_NVLS_ENABLE=0"};
+}
+
+void run_ranks(int gpus, int nodes, int node_rank, const std::string& tcp_rendezvous) {
   QV_CHECK(!argv_storage().empty(), "run_ranks: the command line was not recorded");
+  const int world = gpus;  // ranks started here
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   const std::string rendezvous =
-      (std::filesystem::temp_directory_path() / fmt::format("quiver-rendezvous-{}-{}", ::getpid(), now)).string();
+      !tcp_rendezvous.empty()
+          ? tcp_rendezvous
+          : (std::filesystem::temp_directory_path() / fmt::format("quiver-rendezvous-{}-{}", ::getpid(), now)).string();
   const char* parent_devices = std::getenv("CUDA_VISIBLE_DEVICES");
-  std::vector<std::string> devices;
-  for (int r = 0; r < world; ++r) devices.push_back(visible_device_for(r, world, parent_devices));
+  std::vector<std::vector<std::string>> rank_env;
+  for (int r = 0; r < world; ++r)
+    rank_env.push_back(rank_environment(r, gpus, nodes, node_rank, rendezvous, parent_devices));
 
   // The children's environment: ours, minus what we set.
   std::vector<std::string> base;
@@ -123,11 +136,7 @@ void run_ranks(int world) {
   std::string failure;
   for (int r = 0; r < world && failure.empty(); ++r) {
     std::vector<std::string> env = base;
-    env.push_back(fmt::format("{}={}", kRankEnv, r));
-    env.push_back(fmt::format("{}={}", kWorldEnv, world));
-    env.push_back(fmt::format("{}={}", kRendezvousEnv, rendezvous));
-    env.push_back("CUDA_VISIBLE_DEVICES=" + devices[r]);
-    env.push_back("NCCL_NVLS_ENABLE=0");
+    env.insert(env.end(), rank_env[r].begin(), rank_env[r].end());
     std::vector<char*> envp;
     for (std::string& kv : env) envp.push_back(kv.data());
     envp.push_back(nullptr);
@@ -143,7 +152,7 @@ void run_ranks(int world) {
     const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, args.data(), envp.data());
     posix_spawnattr_destroy(&attr);
     if (err != 0)
-      failure = fmt::format("starting rank {} failed: {}", r, std::strerror(err));
+      failure = fmt::format("starting rank {} failed: {}", node_rank * gpus + r, std::strerror(err));
     else
       pids.push_back(pid);
   }
@@ -168,7 +177,7 @@ void run_ranks(int world) {
           --running;
           const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
           if (!ok && failure.empty()) {
-            failure = fmt::format("rank {} {}", r, describe(status));
+            failure = fmt::format("rank {} {}", node_rank * gpus + static_cast<int>(r), describe(status));
             stop_all(SIGTERM);
             killing = true;
             kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -185,7 +194,7 @@ void run_ranks(int world) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   std::error_code ec;
-  std::filesystem::remove(rendezvous, ec);
+  if (tcp_rendezvous.empty()) std::filesystem::remove(rendezvous, ec);
   QV_CHECK(failure.empty(), "data-parallel training stopped: {}", failure);
 }
 

@@ -1,6 +1,8 @@
-// `quiver train --gpus N`: one process per GPU on this host. The launcher re-runs this same
-// command line N times, each child with its rank in the environment, one visible GPU, a fresh
-// rendezvous file for the NCCL id and NVLink multicast off, then waits for all of them.
+// `quiver train --gpus N [--nodes M --node-rank R --rendezvous ADDRESS:PORT]`: one process per
+// GPU. On each host the launcher re-runs this same command line N times, each child with its
+// global rank (R·N + local index) and the world size M·N in the environment, one visible GPU,
+// NVLink multicast off and the rendezvous for the NCCL id: a fresh file on one host, or
+// tcp://ADDRESS:PORT (where host 0's rank 0 listens) across hosts. Then it waits for all of them.
 #pragma once
 #include <string>
 #include <vector>
@@ -24,10 +26,16 @@ train::Parallel launched_rank();
 // one, else r. Errors when the list has fewer than `world` entries.
 std::string visible_device_for(int rank, int world, const char* parent_list);
 
-// Starts `world` ranks of the recorded command line and waits. SIGINT and SIGTERM reach every
-// rank (they stop at the same step and checkpoint); when a rank fails, the others are sent
-// SIGTERM and, if still running after a grace period, SIGKILL. Throws naming the first rank
-// that failed and how.
-void run_ranks(int world);
+// The environment of local rank `local` of host `node_rank` (of `nodes`, `gpus` ranks each):
+// the rank and world variables, the rendezvous, its one visible GPU and NCCL_NVLS_ENABLE=0.
+std::vector<std::string> rank_environment(int local, int gpus, int nodes, int node_rank,
+                                          const std::string& rendezvous, const char* parent_devices);
+
+// Starts this host's `gpus` ranks of the recorded command line and waits. tcp_rendezvous:
+// "tcp://ADDRESS:PORT" for several hosts, empty for one (a fresh file is used). SIGINT and
+// SIGTERM reach every rank (they stop at the same step and checkpoint); when a rank fails, the
+// others on this host are sent SIGTERM and, if still running after a grace period, SIGKILL.
+// Throws naming the first rank that failed and how.
+void run_ranks(int gpus, int nodes, int node_rank, const std::string& tcp_rendezvous);
 
 }  // namespace quiver::cli

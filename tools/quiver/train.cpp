@@ -11,6 +11,7 @@
 #include "core/progress.h"
 #include "launch.h"
 #include "quiver/parallel.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 
 #ifdef QUIVER_HAVE_CUDA
@@ -27,6 +28,8 @@ struct TrainArgs {
   uint64_t seed = 0;
   bool quiet = false;
   int gpus = 1;
+  int nodes = 1, node_rank = 0;
+  std::string rendezvous;
 };
 
 std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-"; }
@@ -38,19 +41,30 @@ void run(TrainArgs& args, CLI::App* cmd) {
   if (o.given.count("seed")) o.seed = args.seed;
   o.progress = !args.quiet;
   QV_CHECK(args.gpus >= 1, "--gpus must be ≥ 1, got {}", args.gpus);
+  QV_CHECK(args.nodes >= 1, "--nodes must be ≥ 1, got {}", args.nodes);
+  QV_CHECK(args.node_rank >= 0 && args.node_rank < args.nodes, "--node-rank {} is not below --nodes {}",
+           args.node_rank, args.nodes);
+  QV_CHECK(args.nodes == 1 || !args.rendezvous.empty(),
+           "--nodes {} needs --rendezvous ADDRESS:PORT (rank 0's host and a free port)", args.nodes);
+  QV_CHECK(args.nodes > 1 || args.rendezvous.empty(), "--rendezvous is for --nodes > 1");
+  const int world = args.nodes * args.gpus;
   const train::Parallel launched = launched_rank();
-  if (launched.world > 0) {  // one rank of `--gpus N`, started by the launcher below
-    QV_CHECK(launched.world == args.gpus, "{}={} but --gpus {}", kWorldEnv, launched.world, args.gpus);
+  if (launched.world > 0) {  // one rank of `--gpus N [--nodes M]`, started by the launcher below
+    QV_CHECK(launched.world == world, "{}={} but --gpus {} × --nodes {} = {}", kWorldEnv, launched.world, args.gpus,
+             args.nodes, world);
     o.parallel = launched;
-  } else if (args.gpus > 1) {
+  } else if (world > 1) {
     QV_CHECK(o.device == "cuda", "--gpus {} needs --device cuda", args.gpus);
-    QV_CHECK(o.micro_batch % args.gpus == 0,
-             "--micro-batch {} (the global micro-batch) must be divisible by --gpus {}", o.micro_batch, args.gpus);
+    QV_CHECK(o.micro_batch % world == 0,
+             "--micro-batch {} (the global micro-batch) must be divisible by the {} ranks (--gpus {} × --nodes {})",
+             o.micro_batch, world, args.gpus, args.nodes);
+    const std::string tcp = args.nodes > 1 ? "tcp://" + args.rendezvous : std::string();
+    if (!tcp.empty()) train::parse_rendezvous(tcp);  // a malformed address fails before any rank starts
 #ifdef QUIVER_HAVE_CUDA
     const int visible = cuda::device_count();
     QV_CHECK(visible >= args.gpus, "--gpus {}: {} CUDA device(s) visible", args.gpus, visible);
 #endif
-    run_ranks(args.gpus);
+    run_ranks(args.gpus, args.nodes, args.node_rank, tcp);
     return;
   }
 #ifdef QUIVER_HAVE_CUDA
@@ -121,6 +135,13 @@ void register_train(CLI::App& app) {
                   "data parallelism: one process per GPU of this host, NCCL between them (--device cuda; "
                   "--micro-batch is the global micro-batch)")
       ->capture_default_str();
+  cmd->add_option("--nodes", args->nodes,
+                  "hosts in a data-parallel run; start the same command on each with its --node-rank")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", args->node_rank, "this host's index in [0, --nodes); host 0 writes the run folder")
+      ->capture_default_str();
+  cmd->add_option("--rendezvous", args->rendezvous,
+                  "--nodes > 1: IPv4 ADDRESS:PORT of host 0, where its rank 0 hands out the NCCL id");
   cmd->add_option("--threads", o.threads, "CPU threads (default: QUIVER_NUM_THREADS or all cores)");
   cmd->add_flag("--quiet", args->quiet, "no progress line");
   cmd->callback([args, cmd] { run(*args, cmd); });
