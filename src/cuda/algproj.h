@@ -8,9 +8,11 @@
 //   group and accumulates every product that reaches them (both endpoint products of Q_q) in
 //   fp32 registers before its single bf16 rounding; a type's rows are addressed through a row
 //   list, so strided (cyclic), contiguous (interval) and arbitrary row types run alike. dX is
-//   the same kernel with the transposed law; dW gives each dW tile one block that reduces
-//   over the rows of the types using that block. Each output element has one owner, so the
-//   results are deterministic. Needs every group offset and width to be even. For a few rows
+//   the same kernel with the transposed law; a row-pass reduction far longer than the typical
+//   one (Q_q's dX of a type's own group) is split into pieces whose fp32 partial sums a second
+//   kernel adds in order. dW gives each dW tile one block that reduces over the rows of the
+//   types using that block. Each output element has one owner (a tile or the second kernel),
+//   so the results are deterministic. Needs every group offset and width to be even. For a few rows
 //   (decoding) the forward also has a matrix-vector kernel on CUDA cores that reads each weight
 //   row of the tile's blocks once, in 16-byte vectors (offsets multiples of 8).
 // - products (diagonal then typed): the law's support cut into rectangles of contiguous
