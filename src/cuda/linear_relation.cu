@@ -574,6 +574,14 @@ int64_t gate_row_chunks(int64_t N, int64_t H, int64_t Dh, size_t scratch_bytes) 
   return std::max<int64_t>(1, std::min<int64_t>({(N + 255) / 256, 1024, fit}));
 }
 
+struct GatePartials {
+  float* bias;  // [R][HD]
+  double* da;   // [R][H], after the bias partials (8-byte aligned)
+};
+__device__ __forceinline__ GatePartials gate_partials(unsigned char* scratch, int64_t R, int64_t HD) {
+  return {reinterpret_cast<float*>(scratch), reinterpret_cast<double*>(scratch + ((R * HD * 4 + 7) / 8) * 8)};
+}
+
 __global__ void __launch_bounds__(kGateThreads)
     retention_gate_backward_kernel(uint16_t* dr, const float* dg, const float* a_log,
                                    const float* dt_bias, int64_t N, int64_t H, int64_t Dh, int64_t R,
@@ -582,8 +590,7 @@ __global__ void __launch_bounds__(kGateThreads)
   __shared__ double scratch[kGateThreads / 32];
   const int64_t h = blockIdx.x, r = blockIdx.y, HD = H * Dh;
   const int64_t per = (N + R - 1) / R, n0 = r * per, n1 = min(N, n0 + per);
-  float* part_bias = reinterpret_cast<float*>(scratch_bytes);
-  double* part_da = reinterpret_cast<double*>(scratch_bytes + ((R * HD * 4 + 7) / 8) * 8);
+  const GatePartials part = gate_partials(scratch_bytes, R, HD);
   const int x = threadIdx.x % kGateCols, ry = threadIdx.x / kGateCols;
   const float A = expf(a_log[h]);
   double da = 0.0;
@@ -607,27 +614,26 @@ __global__ void __launch_bounds__(kGateThreads)
     if (ry == 0 && active) {
       float sum = 0.0f;
       for (int u = 0; u < kGateRowGroups; ++u) sum += partial[u][x];
-      part_bias[r * HD + col] = sum;
+      part.bias[r * HD + col] = sum;
     }
     __syncthreads();
   }
   const double total = block_sum_double(da, scratch);
-  if (threadIdx.x == 0) part_da[r * H + h] = total;
+  if (threadIdx.x == 0) part.da[r * H + h] = total;
 }
 
 __global__ void retention_gate_backward_sum_kernel(float* da_log, float* ddt_bias, int64_t H, int64_t Dh,
-                                                   int64_t R, const unsigned char* scratch_bytes) {
+                                                   int64_t R, unsigned char* scratch_bytes) {
   const int64_t HD = H * Dh, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const float* part_bias = reinterpret_cast<const float*>(scratch_bytes);
-  const double* part_da = reinterpret_cast<const double*>(scratch_bytes + ((R * HD * 4 + 7) / 8) * 8);
+  const GatePartials part = gate_partials(scratch_bytes, R, HD);
   if (i < HD) {
     float sum = 0.0f;
-    for (int64_t r = 0; r < R; ++r) sum += part_bias[r * HD + i];
+    for (int64_t r = 0; r < R; ++r) sum += part.bias[r * HD + i];
     ddt_bias[i] += sum;
   } else if (i < HD + H) {
     const int64_t h = i - HD;
     double sum = 0.0;
-    for (int64_t r = 0; r < R; ++r) sum += part_da[r * H + h];
+    for (int64_t r = 0; r < R; ++r) sum += part.da[r * H + h];
     da_log[h] += static_cast<float>(sum);
   }
 }

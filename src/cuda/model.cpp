@@ -255,7 +255,7 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
   // parameters in table order with that gap after tok_emb.
   const int64_t V = cfg_.vocab_size, D = cfg_.d_model;
   if (cfg_.tied_head)
-    half_gap_ = ((padded_vocab(V) - V) * D + model::kParamAlign - 1) / model::kParamAlign * model::kParamAlign;
+    half_gap_ = model::align_param((padded_vocab(V) - V) * D);
   params_half_ = Tensor::zeros({P + half_gap_}, kBF16, Device::CUDA);
   loss_sum_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
   staging_ = std::make_unique<Staging>();

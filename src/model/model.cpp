@@ -141,7 +141,7 @@ std::vector<ParamInfo> param_table(const ModelConfig& cfg) {
     p.name = name;
     p.numel = shape_numel(shape);
     p.shape = std::move(shape);
-    offset = (offset + kParamAlign - 1) / kParamAlign * kParamAlign;
+    offset = align_param(offset);
     p.offset = offset;
     p.decay = decay;
     p.group = group;

@@ -53,6 +53,7 @@ namespace quiver::model {
 // which cuBLASLt serves with far slower kernels. The gaps hold zeros and belong to no
 // parameter (no segment of the optimizer, no checkpoint tensor).
 constexpr int64_t kParamAlign = 64;
+constexpr int64_t align_param(int64_t n) { return (n + kParamAlign - 1) / kParamAlign * kParamAlign; }
 
 struct ParamInfo {
   std::string name;

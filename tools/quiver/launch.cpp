@@ -97,7 +97,6 @@ std::vector<std::string> rank_environment(int local, int gpus, int nodes, int no
 
 void run_ranks(int gpus, int nodes, int node_rank, const std::string& tcp_rendezvous) {
   QV_CHECK(!argv_storage().empty(), "run_ranks: the command line was not recorded");
-  const int world = gpus;  // ranks started here
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   const std::string rendezvous =
       !tcp_rendezvous.empty()
@@ -105,7 +104,7 @@ void run_ranks(int gpus, int nodes, int node_rank, const std::string& tcp_rendez
           : (std::filesystem::temp_directory_path() / fmt::format("quiver-rendezvous-{}-{}", ::getpid(), now)).string();
   const char* parent_devices = std::getenv("CUDA_VISIBLE_DEVICES");
   std::vector<std::vector<std::string>> rank_env;
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < gpus; ++r)
     rank_env.push_back(rank_environment(r, gpus, nodes, node_rank, rendezvous, parent_devices));
 
   // The children's environment: ours, minus what we set.
@@ -134,7 +133,7 @@ void run_ranks(int gpus, int nodes, int node_rank, const std::string& tcp_rendez
       if (p > 0) ::kill(p, sig);
   };
   std::string failure;
-  for (int r = 0; r < world && failure.empty(); ++r) {
+  for (int r = 0; r < gpus && failure.empty(); ++r) {
     std::vector<std::string> env = base;
     env.insert(env.end(), rank_env[r].begin(), rank_env[r].end());
     std::vector<char*> envp;
