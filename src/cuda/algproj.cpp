@@ -339,9 +339,17 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     d.num_tiles = static_cast<int>(p.tiles.size());
   } else {
-    // The few-row kernel writes its tiles directly: its plans are not split.
-    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
-                                                 kernel.kind != AlgKernel::Kind::Gemv);
+    // The few-row kernel has one block per tile: with few column tiles its reductions are split
+    // until about two blocks per multiprocessor run.
+    int64_t min_tiles = 0;
+    if (kernel.kind == AlgKernel::Kind::Gemv) {
+      int dev = 0, sms = 0;
+      QV_CUDA_CHECK(cudaGetDevice(&dev));
+      QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      min_tiles = 2 * static_cast<int64_t>(sms);
+    }
+    const ops::AlgRowPlan p =
+        ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, true, min_tiles);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -401,11 +409,10 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   args.segments = d.segments;
   args.num_tiles = d.num_tiles;
   args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
-  if (kernel.kind == AlgKernel::Kind::Gemv) {
+  if (kernel.kind == AlgKernel::Kind::Gemv)
     detail::launch_algproj_gemv(args, config, stream);
-    return;
-  }
-  detail::launch_algproj_rows(args, config, fused_vec_, stream);
+  else
+    detail::launch_algproj_rows(args, config, fused_vec_, stream);
   if (d.num_splits > 0) {
     detail::AlgReduceArgs r{};
     r.partials = args.partials;

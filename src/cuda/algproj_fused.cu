@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(256) algproj_reduce_kernel(const AlgReduceArgs
 // vector per weight row) of the tile and a stripe of its weight rows, and accumulates all R rows
 // of the tile in fp32; warps then reduce by shuffles and the block through shared memory, in
 // a fixed order. A weight row is read once per tile, by kLanes threads in one 128- or 64-byte
-// run.
+// run. With few column tiles the plan splits the reductions, and the pieces write fp32 slots.
 constexpr int kGemvThreads = 256;
 
 template <int R, int COLS>
@@ -424,6 +424,10 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
     float v = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += partial[w][r][col];
+    if (t.slot >= 0) {  // a piece of a split reduction
+      p.partials[static_cast<int64_t>(t.slot) * (R * COLS) + r * COLS + col] = v;
+      continue;
+    }
     uint16_t* dst = p.c + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
     if (p.accumulate) v += __bfloat162float(__ushort_as_bfloat16(*dst));
     *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v));

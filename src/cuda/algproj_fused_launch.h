@@ -91,6 +91,7 @@ struct AlgWeightArgs {
 void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream);
 void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 // The forward over a plan with at most kAlgGemvConfigs[config].rows rows per tile; needs vec 8.
+// A plan with splits needs launch_algproj_reduce after it, as the row pass does.
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);
 
