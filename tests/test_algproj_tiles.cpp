@@ -68,6 +68,8 @@ Tensor run_weight_plan(const ops::AlgWeightPlan& p, const Tensor& x, const Tenso
   const int64_t K = x.dim(1), N = dy.dim(1);
   Tensor dw = quiver::testing::poisoned({K, N}, DType::F64);
   writes.assign(static_cast<size_t>(K * N), 0);
+  const int64_t slot_elems = static_cast<int64_t>(p.slot_rows) * p.slot_cols;
+  std::vector<double> slots(static_cast<size_t>(p.num_slots * slot_elems), std::nan(""));
   for (const ops::AlgWeightTile& t : p.tiles)
     for (int32_t i = 0; i < t.nk; ++i)
       for (int32_t j = 0; j < t.ncols; ++j) {
@@ -76,8 +78,20 @@ Tensor run_weight_plan(const ops::AlgWeightPlan& p, const Tensor& x, const Tenso
           const int64_t m = p.rows[t.list_begin + r];
           acc += x.data<double>()[m * K + t.k0 + i] * dy.data<double>()[m * N + t.col0 + j];
         }
+        if (t.slot >= 0) {
+          slots[t.slot * slot_elems + i * p.slot_cols + j] = acc;
+          continue;
+        }
         dw.data<double>()[(t.k0 + i) * N + t.col0 + j] = acc;
         ++writes[(t.k0 + i) * N + t.col0 + j];
+      }
+  for (const ops::AlgWeightSplit& sp : p.splits)
+    for (int32_t i = 0; i < sp.nk; ++i)
+      for (int32_t j = 0; j < sp.ncols; ++j) {
+        double acc = 0;
+        for (int32_t k = 0; k < sp.parts; ++k) acc += slots[(sp.slot0 + k) * slot_elems + i * p.slot_cols + j];
+        dw.data<double>()[(sp.k0 + i) * N + sp.col0 + j] = acc;
+        ++writes[(sp.k0 + i) * N + sp.col0 + j];
       }
   return dw;
 }
@@ -255,6 +269,28 @@ TEST(AlgProjTiles, FewTilesAreSplitForOccupancy) {
   EXPECT_TRUE(each_once(writes));
   EXPECT_LT(max_abs_diff(y, y_ref), 1e-9);
   EXPECT_EQ(p.macs, whole.macs);
+}
+
+// Q16 dW: the diagonal blocks reduce over all M = 2048 rows, the others over one type's 128,
+// so the diagonal tiles' row lists are cut into pieces of 512 summed in order.
+TEST(AlgProjTiles, LongRowListsAreSplit) {
+  const algebra::Law q16 = algebra::Law::complete(16);
+  const algebra::GroupWidths widths = algebra::GroupWidths::equal(16, 64, 64);
+  const std::vector<int> types = algebra::Schedule::cyclic().types(0, 2048, 16);
+  Rng rng(8);
+  const Tensor x = quiver::testing::random_tensor({2048, 64}, DType::F64, rng);
+  const Tensor w = quiver::testing::random_tensor({64, 64}, DType::F64, rng);
+  const Tensor dy = quiver::testing::random_tensor({2048, 64}, DType::F64, rng);
+  Tensor dx_ref = Tensor::empty({2048, 64}, DType::F64), dw_ref = Tensor::empty({64, 64}, DType::F64);
+  ops::algproj_reference_backward(x, w, dy, q16, widths, types, dx_ref, dw_ref);
+  const ops::AlgWeightPlan p = ops::plan_weight_pass(q16, widths, types, 4, 4);
+  ASSERT_EQ(p.splits.size(), 16u);  // one 4 × 4 tile per diagonal block
+  for (const ops::AlgWeightSplit& sp : p.splits) EXPECT_EQ(sp.parts, 4);
+  for (const ops::AlgWeightTile& t : p.tiles) EXPECT_LE(t.list_count, 512);
+  std::vector<int> writes;
+  const Tensor dw = run_weight_plan(p, x, dy, writes);
+  EXPECT_TRUE(each_once(writes));
+  EXPECT_LT(max_abs_diff(dw, dw_ref), 1e-9);
 }
 
 TEST(AlgProjTiles, BadArgumentsNameTheProblem) {

@@ -337,7 +337,14 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
+    splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgWeightSplit));
     d.num_tiles = static_cast<int>(p.tiles.size());
+    d.num_splits = static_cast<int>(p.splits.size());
+    d.slot_rows = p.slot_rows;
+    d.slot_cols = p.slot_cols;
+    if (p.num_slots > 0)
+      d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
+                                 Device::CUDA);
   } else {
     // The few-row kernel has one block per tile: with few column tiles its reductions are split
     // until about two blocks per multiprocessor run.
@@ -370,7 +377,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.rows = reinterpret_cast<const int32_t*>(base + rows_at);
   d.tiles = base + tiles_at;
   d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
-  d.splits = reinterpret_cast<const ops::AlgSplit*>(base + splits_at);
+  d.splits = base + splits_at;
   plans_.push_back(std::move(d));
   return plans_.back();
 }
@@ -392,7 +399,20 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     args.rows = d.rows;
     args.tiles = static_cast<const ops::AlgWeightTile*>(d.tiles);
     args.num_tiles = d.num_tiles;
+    args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
     detail::launch_algproj_weights(args, config, fused_vec_, stream);
+    if (d.num_splits > 0) {
+      detail::AlgWeightReduceArgs r{};
+      r.partials = args.partials;
+      r.slot_rows = d.slot_rows;
+      r.slot_cols = d.slot_cols;
+      r.splits = static_cast<const ops::AlgWeightSplit*>(d.splits);
+      r.num_splits = d.num_splits;
+      r.dw = args.dw;
+      r.lddw = args.lddw;
+      r.accumulate = accumulate;
+      detail::launch_algproj_reduce_weights(r, stream);
+    }
     return;
   }
   detail::AlgRowArgs args{};
@@ -418,7 +438,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     r.partials = args.partials;
     r.slot_rows = d.slot_rows;
     r.slot_cols = d.slot_cols;
-    r.splits = d.splits;
+    r.splits = static_cast<const ops::AlgSplit*>(d.splits);
     r.num_splits = d.num_splits;
     r.rows = d.rows;
     r.c = args.c;

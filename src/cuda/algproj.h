@@ -148,7 +148,7 @@ class AlgProj {
     const void* tiles = nullptr;
     const ops::AlgSegment* segments = nullptr;
     int num_tiles = 0;
-    const ops::AlgSplit* splits = nullptr;  // row pass: split reductions and their fp32 slots
+    const void* splits = nullptr;  // split reductions (ops::AlgSplit or AlgWeightSplit) and their fp32 slots
     int num_splits = 0, slot_rows = 0, slot_cols = 0;
     Tensor partials;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives

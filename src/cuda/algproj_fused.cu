@@ -320,6 +320,23 @@ __global__ void __launch_bounds__(WeightCfg<I>::kThreads)
   }
 
   const int grp = lane >> 2, tig = lane & 3;
+  if (t.slot >= 0) {  // a piece of a split row list: fp32 partial sums into its slot
+    float* slot = p.partials + static_cast<int64_t>(t.slot) * (BM * BN);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = warp_row0 + mi * 16 + grp + h * 8;
+        if (i >= t.nk) continue;
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int col = warp_col0 + ni * 8 + 2 * tig;
+          if (col < t.ncols)
+            *reinterpret_cast<float2*>(slot + i * BN + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+      }
+    return;
+  }
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -357,6 +374,20 @@ __global__ void __launch_bounds__(256) algproj_reduce_kernel(const AlgReduceArgs
     uint16_t* dst = p.c + static_cast<int64_t>(p.rows[sp.row_begin + r]) * p.ldc + sp.col0 + c;
     if (p.accumulate) v += __bfloat162float(__ushort_as_bfloat16(*dst));
     *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+// dW's second pass: one block per split block adds its slots in order (+ dW when accumulating).
+__global__ void __launch_bounds__(256) algproj_reduce_weights_kernel(const AlgWeightReduceArgs p) {
+  const ops::AlgWeightSplit sp = p.splits[blockIdx.x];
+  const int64_t slot_elems = static_cast<int64_t>(p.slot_rows) * p.slot_cols;
+  const float* base = p.partials + sp.slot0 * slot_elems;
+  for (int e = threadIdx.x; e < sp.nk * sp.ncols; e += blockDim.x) {
+    const int i = e / sp.ncols, j = e % sp.ncols;
+    float v = 0;
+    for (int k = 0; k < sp.parts; ++k) v += base[k * slot_elems + i * p.slot_cols + j];
+    float* dst = p.dw + static_cast<int64_t>(sp.k0 + i) * p.lddw + sp.col0 + j;
+    *dst = p.accumulate ? *dst + v : v;
   }
 }
 
@@ -506,6 +537,12 @@ void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream
 void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream) {
   if (args.num_splits == 0) return;
   algproj_reduce_kernel<<<args.num_splits, 256, 0, stream>>>(args);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_algproj_reduce_weights(const AlgWeightReduceArgs& args, cudaStream_t stream) {
+  if (args.num_splits == 0) return;
+  algproj_reduce_weights_kernel<<<args.num_splits, 256, 0, stream>>>(args);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

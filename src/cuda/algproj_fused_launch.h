@@ -85,6 +85,18 @@ struct AlgWeightArgs {
   const int32_t* rows;  // device copies of an ops::AlgWeightPlan
   const ops::AlgWeightTile* tiles;
   int num_tiles;
+  float* partials;  // the plan's slots (tiles with slot >= 0 write there)
+};
+
+// dW's second pass over a plan with splits: dw[block] = Σ of its slots (+ dw when accumulate).
+struct AlgWeightReduceArgs {
+  const float* partials;
+  int32_t slot_rows, slot_cols;
+  const ops::AlgWeightSplit* splits;
+  int num_splits;
+  float* dw;
+  int64_t lddw;
+  bool accumulate;
 };
 
 // The row pass; a plan with splits needs launch_algproj_reduce after it.
@@ -93,6 +105,8 @@ void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 // The forward over a plan with at most kAlgGemvConfigs[config].rows rows per tile; needs vec 8.
 // A plan with splits needs launch_algproj_reduce after it, as the row pass does.
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
+// The weight pass; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);
+void launch_algproj_reduce_weights(const AlgWeightReduceArgs& args, cudaStream_t stream);
 
 }  // namespace quiver::cuda::detail

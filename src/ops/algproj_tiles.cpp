@@ -236,10 +236,49 @@ AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidt
           t.ncols = static_cast<int32_t>(std::min<int64_t>(tile_cols, r - c0));
           t.list_begin = list_begin;
           t.list_count = list_count;
+          t.slot = -1;
           plan.tiles.push_back(t);
           plan.macs += static_cast<int64_t>(t.nk) * t.ncols * list_count;
         }
     }
+  // Long lists: the row pass's rule (twice the median, at least 512 rows; slots bounded by dW's
+  // size or 16 MB), the pieces being consecutive parts of the list.
+  plan.slot_rows = tile_rows;
+  plan.slot_cols = tile_cols;
+  if (!plan.tiles.empty()) {
+    std::vector<int64_t> sorted;
+    for (const AlgWeightTile& t : plan.tiles) sorted.push_back(t.list_count);
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    const int64_t slot_elems = static_cast<int64_t>(tile_rows) * tile_cols;
+    auto parts_of = [](int64_t l, int64_t target) { return l > 2 * target ? (l + target - 1) / target : int64_t{1}; };
+    int64_t target = (std::max<int64_t>(2 * sorted[sorted.size() / 2], 512) + kAlgSplitAlign - 1) / kAlgSplitAlign *
+                     kAlgSplitAlign;
+    for (;; target *= 2) {
+      int64_t slots = 0;
+      for (const AlgWeightTile& t : plan.tiles)
+        if (parts_of(t.list_count, target) > 1) slots += parts_of(t.list_count, target);
+      if (slots * slot_elems <= std::max<int64_t>(widths.K() * widths.N(), int64_t{1} << 22)) break;
+    }
+    std::vector<AlgWeightTile> tiles;
+    for (const AlgWeightTile& t : plan.tiles) {
+      const int64_t parts = parts_of(t.list_count, target);
+      if (parts == 1) {
+        tiles.push_back(t);
+        continue;
+      }
+      AlgWeightSplit sp{t.k0, t.nk, t.col0, t.ncols, plan.num_slots, static_cast<int32_t>(parts)};
+      for (int64_t p = 0; p < parts; ++p) {
+        AlgWeightTile piece = t;
+        piece.list_begin = static_cast<int32_t>(t.list_begin + p * target);
+        piece.list_count = static_cast<int32_t>(std::min<int64_t>(target, t.list_count - p * target));
+        piece.slot = static_cast<int32_t>(sp.slot0 + p);
+        tiles.push_back(piece);
+      }
+      plan.num_slots += sp.parts;
+      plan.splits.push_back(sp);
+    }
+    plan.tiles = std::move(tiles);
+  }
   std::stable_sort(plan.tiles.begin(), plan.tiles.end(),
                    [](const AlgWeightTile& x, const AlgWeightTile& y) { return x.list_count > y.list_count; });
   return plan;

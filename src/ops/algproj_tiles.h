@@ -14,7 +14,9 @@
 //
 // Weight pass (dW): tiles of at most tile_rows × tile_cols elements of one block (β, δ),
 // each reduced over the rows of the types α with β ∈ B(α, δ) (one ascending list per
-// distinct set of types); a block no type uses has an empty list (assigned zeros).
+// distinct set of types); a block no type uses has an empty list (assigned zeros). As in the
+// row pass, a list far longer than the median (Q_q's diagonal blocks: every row, against one
+// type's rows elsewhere) is split into pieces with fp32 slots (AlgWeightSplit).
 //
 // Split reductions (row pass): a tile whose reduction is far longer than the typical one (Q_q's
 // dX of a type's own group reduces over all N columns, the others over N/q) would leave the
@@ -58,6 +60,14 @@ struct AlgWeightTile {
   int32_t k0, nk;                  // dW rows (input features)
   int32_t col0, ncols;             // dW columns (output features)
   int32_t list_begin, list_count;  // reduction rows, into AlgWeightPlan::rows
+  int32_t slot;                    // -1: writes dW; else the partial-sum slot it writes
+};
+
+// A dW block reduced by `parts` tiles over consecutive pieces of its row list, into slots
+// slot0 .. slot0 + parts - 1 ([slot_rows][slot_cols] fp32 each), summed in order after.
+struct AlgWeightSplit {
+  int32_t k0, nk, col0, ncols;
+  int32_t slot0, parts;
 };
 
 enum class AlgPass { Forward, DX, DW };
@@ -75,6 +85,8 @@ struct AlgRowPlan {
 struct AlgWeightPlan {
   std::vector<int32_t> rows;
   std::vector<AlgWeightTile> tiles;
+  std::vector<AlgWeightSplit> splits;
+  int32_t slot_rows = 0, slot_cols = 0, num_slots = 0;
   int64_t macs = 0;
 };
 

@@ -344,6 +344,26 @@ TEST(GpuAlgProj, SplitReductionsEveryRowTile) {
   }
 }
 
+TEST(GpuAlgProj, SplitRowListsEveryWeightTile) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Q16 dW: the diagonal blocks reduce over all 2048 rows, the others over 128, so every dW
+  // tile shape splits the diagonal tiles' row lists (ops::plan_weight_pass).
+  const Case q16{"Q16", {}, {}, 256, 256};
+  const algebra::Law law = algebra::Law::parse(q16.law);
+  const std::vector<int> cyclic = make_types(Sched::Cyclic, 2048, 16, 0);
+  int dw_configs = 0;
+  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::DW)) dw_configs += k.kind == AlgKernel::Kind::Fused;
+  for (int c = 0; c < dw_configs; ++c) {
+    SCOPED_TRACE("dW tile config " + std::to_string(c));
+    const ops::AlgWeightPlan plan = ops::plan_weight_pass(law, widths_of(q16, 16), cyclic,
+                                                          cuda::detail::kAlgWeightConfigs[c].rows,
+                                                          cuda::detail::kAlgWeightConfigs[c].cols);
+    ASSERT_FALSE(plan.splits.empty());
+    check_case(q16, cyclic, 191 + c, {fused(0), fused(0), fused(c)});
+  }
+}
+
 TEST(GpuAlgProj, ProductsScheduleWhenPinned) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
