@@ -20,6 +20,7 @@
 #include "train/optimizer.h"
 #ifdef QUIVER_HAVE_CUDA
 #include "cuda/backend.h"
+#include "cuda/check.h"
 #include "cuda/generate.h"
 #include "cuda/model.h"
 #include "cuda/op_timer.h"
@@ -104,9 +105,14 @@ void run_bench(const ModelBenchArgs& a) {
 
   for (const std::string& entry : split(a.train, ',')) {
     const std::vector<std::string> f = split(entry, ':');
-    QV_CHECK(f.size() == 3, "--train: expected CONFIG:MICRO:T, got '{}'", entry);
+    QV_CHECK(f.size() == 3 || f.size() == 4, "--train: expected CONFIG:MICRO:T[:ACCUM], got '{}'", entry);
     const model::ModelConfig cfg = model::load_config(f[0]);
-    const int64_t B = std::stoll(f[1]), T = std::stoll(f[2]);
+    const int64_t B = std::stoll(f[1]), T = std::stoll(f[2]), accum = f.size() == 4 ? std::stoll(f[3]) : 1;
+    QV_CHECK(B >= 1 && T >= 1 && accum >= 1, "--train '{}': MICRO, T and ACCUM must be positive", entry);
+    QV_CHECK(T <= cfg.context, "--train '{}': T = {} exceeds the config's context {}", entry, T, cfg.context);
+    size_t free_before = 0, total_mem = 0;
+    QV_CUDA_CHECK(cudaDeviceSynchronize());
+    QV_CUDA_CHECK(cudaMemGetInfo(&free_before, &total_mem));
     model::Model host(cfg, DType::F32);
     host.init(cfg.seed);
     std::vector<train::ParamSegment> segments;
@@ -120,31 +126,39 @@ void run_bench(const ModelBenchArgs& a) {
         x[b * T + t] = data[b * (T + 1) + t];
         y[b * T + t] = data[b * (T + 1) + t + 1];
       }
+    // One optimizer step over ACCUM micro-batches (the same tokens each time: the time, not the
+    // data, is measured).
     auto step = [&] {
       engine->zero_grads();
-      engine->forward_backward(x.data(), y.data(), B, T, 1.0f);
+      for (int64_t k = 0; k < accum; ++k)
+        engine->forward_backward(x.data(), y.data(), B, T, 1.0f / static_cast<float>(accum));
       return engine->optimizer_step(3e-4, 1.0);  // waits for the device
     };
     Clock::time_point t0 = Clock::now();
     step();
     const double first_s = since(t0);
+    // Device memory the model, its optimizer state, activations and scratch hold (after the
+    // first step, which allocates them all).
+    size_t free_after = 0;
+    QV_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_mem));
+    const double device_mib = static_cast<double>(free_before - std::min(free_before, free_after)) / (1 << 20);
     for (int i = 1; i < a.warmup; ++i) step();
     std::vector<double> times;
     double loss = 0;
     for (int i = 0; i < a.steps; ++i) {
       t0 = Clock::now();
-      loss = step().loss_sum;
+      loss = step().loss_sum / static_cast<double>(accum);  // the micro-batches' mean loss
       times.push_back(since(t0));
     }
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
-    const double tok_s = static_cast<double>(B * T) / median;
+    const double tok_s = static_cast<double>(B * T * accum) / median;
     const double n = static_cast<double>(model::count_params(cfg));
     const double mfu = (6.0 * n + mixer_flops_per_token(cfg, T)) * tok_s / kPeakFlops;
     nlohmann::ordered_json r;
     r["benchmark"] = "train";
     r["config"] = cfg.name;
-    r["micro_x_T"] = fmt::format("{} x {}", B, T);
+    r["micro_x_T"] = accum == 1 ? fmt::format("{} x {}", B, T) : fmt::format("{} x {} x {} accum", B, T, accum);
     r["params"] = model::count_params(cfg);
     r["step_ms"] = median * 1e3;
     r["tokens_per_s"] = tok_s;
@@ -152,9 +166,11 @@ void run_bench(const ModelBenchArgs& a) {
     r["mfu_6n"] = 6.0 * n * tok_s / kPeakFlops;
     r["first_step_s"] = first_s;
     r["loss"] = loss;
+    r["device_mib"] = device_mib;
     rows.push_back(r);
-    fmt::print("train {} {}x{}: {:.1f} ms/step, {:.0f} tok/s, MFU {:.1f}%\n", cfg.name, B, T, median * 1e3, tok_s,
-               100 * mfu);
+    fmt::print("train {} {}x{}{}: {:.1f} ms/step, {:.0f} tok/s, MFU {:.1f}%, {:.0f} MiB on the device\n", cfg.name,
+               B, T, accum == 1 ? std::string() : fmt::format(" x{} accum", accum), median * 1e3, tok_s, 100 * mfu,
+               device_mib);
     if (a.profile) {
       cuda::OpTimer* timer = cuda::engine_timer(*engine);
       timer->enable(true);
@@ -241,7 +257,9 @@ void register_bench_model(CLI::App& bench) {
       "several batch sizes. The PyTorch peer is bench/peer_train.py.");
   cmd->add_option("--device", a->device, "cuda")->capture_default_str();
   cmd->add_option("--results-dir", a->results_dir, "where the JSON and Markdown results go")->capture_default_str();
-  cmd->add_option("--train", a->train, "CONFIG:MICRO:T,... (empty: none)")->capture_default_str();
+  cmd->add_option("--train", a->train,
+                  "CONFIG:MICRO:T[:ACCUM],... (ACCUM micro-batches per optimizer step; empty: none)")
+      ->capture_default_str();
   cmd->add_option("--generate", a->generate, "configs to generate with (empty: none)")->capture_default_str();
   cmd->add_option("--batches", a->gen_batches, "generation batch sizes")->capture_default_str();
   cmd->add_option("--new-tokens", a->new_tokens, "new tokens per sequence")->capture_default_str();
