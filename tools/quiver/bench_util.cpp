@@ -73,6 +73,20 @@ std::string cell(const nlohmann::ordered_json& v) {
   }
   return v.dump();
 }
+// The columns of a table of rows that need not share their keys (a generation row has no
+// device memory): every key, in the order first seen.
+std::vector<std::string> columns(const nlohmann::ordered_json& rows) {
+  std::vector<std::string> keys;
+  for (const auto& row : rows)
+    for (const auto& [k, v] : row.items())
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  return keys;
+}
+// A row's cell in a column; empty where the row has no such key.
+std::string cell(const nlohmann::ordered_json& row, const std::string& key) {
+  const auto it = row.find(key);
+  return it == row.end() ? std::string() : cell(*it);
+}
 }  // namespace
 
 void set_command_line(const std::string& cmd) { command_storage() = cmd; }
@@ -99,15 +113,16 @@ std::string write_results(const std::string& dir, const std::string& name,
   md << "# " << name << "\n\n- date: " << date << "\n- machine: " << machine
      << "\n- command: `" << recorded_command_line() << "`\n\n";
   if (!rows.empty()) {
+    const std::vector<std::string> keys = columns(rows);
     std::string header = "|", rule = "|";
-    for (auto& [k, v] : rows[0].items()) {
+    for (const std::string& k : keys) {
       header += " " + k + " |";
       rule += "---|";
     }
     md << header << "\n" << rule << "\n";
-    for (auto& row : rows) {
+    for (const auto& row : rows) {
       md << "|";
-      for (auto& [k, v] : row.items()) md << " " << cell(v) << " |";
+      for (const std::string& k : keys) md << " " << cell(row, k) << " |";
       md << "\n";
     }
   }
@@ -116,19 +131,18 @@ std::string write_results(const std::string& dir, const std::string& name,
 
 void print_table(const nlohmann::ordered_json& rows) {
   if (rows.empty()) return;
-  std::vector<std::string> keys;
-  for (auto& [k, v] : rows[0].items()) keys.push_back(k);
+  const std::vector<std::string> keys = columns(rows);
   std::vector<size_t> width(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) width[i] = keys[i].size();
   for (auto& row : rows)
     for (size_t i = 0; i < keys.size(); ++i)
-      width[i] = std::max(width[i], cell(row[keys[i]]).size());
+      width[i] = std::max(width[i], cell(row, keys[i]).size());
   std::string line;
   for (size_t i = 0; i < keys.size(); ++i) line += fmt::format("{:>{}}  ", keys[i], width[i]);
   fmt::print("{}\n", line);
   for (auto& row : rows) {
     line.clear();
-    for (size_t i = 0; i < keys.size(); ++i) line += fmt::format("{:>{}}  ", cell(row[keys[i]]), width[i]);
+    for (size_t i = 0; i < keys.size(); ++i) line += fmt::format("{:>{}}  ", cell(row, keys[i]), width[i]);
     fmt::print("{}\n", line);
   }
 }

@@ -24,12 +24,13 @@ void set_command_line(const std::string& cmd);  // recorded by main()
 const std::string& recorded_command_line();
 
 // Writes {"benchmark", "date", "machine", "command", "rows"} to DIR/NAME-DATE.json and
-// a Markdown table of the rows (columns in the order of the first row) to DIR/NAME-DATE.md.
+// a Markdown table of the rows to DIR/NAME-DATE.md: a column per key, in the order first seen
+// over the rows, empty in the rows without it.
 // Returns the JSON path.
 std::string write_results(const std::string& dir, const std::string& name,
                           const std::string& machine, const nlohmann::ordered_json& rows);
 
-// Prints rows as an aligned text table to stdout.
+// Prints rows as an aligned text table to stdout (the same columns).
 void print_table(const nlohmann::ordered_json& rows);
 
 }  // namespace quiver::cli
