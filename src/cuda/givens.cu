@@ -29,17 +29,25 @@ __device__ __forceinline__ HeadPair pair_heads(int64_t k, int64_t heads, int64_t
   return {2 * k + 1, (2 * k + 2) % heads};
 }
 
+// Two adjacent channels of a bf16 state or an fp32 weight.
 __device__ __forceinline__ float2 load2(const uint16_t* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ void store2(uint16_t* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void store2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
 
-// out_a = c·in_a − s·in_b, out_b = s·in_a + c·in_b with (c, s) = (cos θ_k, sin_sign · sin θ_k):
-// the forward (sin_sign = 1) and dI = Gᵀ dOut (sin_sign = −1). One thread per (row, pair,
-// two channels; head_dim is even) reads both inputs before writing both outputs, so out may
-// equal in.
+// out_a = base_a + c·in_a − s·in_b, out_b = base_b + s·in_a + c·in_b with (c, s) =
+// (cos θ_k, sin_sign · sin θ_k) and base zero when null: the forward (sin_sign = 1) and
+// dI = Gᵀ dOut (sin_sign = −1), on bf16 states, and the same on the folded weights (fp32 in,
+// bf16 or fp32 out). One thread per (row, pair, two channels; head_dim is even) reads its
+// inputs before writing both outputs, so out may equal in.
+template <typename In, typename Out>
 __global__ void __launch_bounds__(kRotateThreads)
-    givens_rotate_kernel(const uint16_t* in, const float* theta, float sin_sign, int64_t rows,
-                         int64_t heads, int64_t head_dim, int64_t layer, uint16_t* out) {
+    givens_rotate_kernel(const In* in, const float* theta, float sin_sign, int64_t rows, int64_t heads,
+                         int64_t head_dim, int64_t layer, const float* base, Out* out) {
   const int64_t pairs = heads / 2, half = head_dim / 2, n = rows * pairs * half;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -50,16 +58,17 @@ __global__ void __launch_bounds__(kRotateThreads)
     s *= sin_sign;
     const int64_t ia = (r * heads + hp.a) * head_dim + dd, ib = (r * heads + hp.b) * head_dim + dd;
     const float2 xa = load2(in + ia), xb = load2(in + ib);
-    *reinterpret_cast<__nv_bfloat162*>(out + ia) = __floats2bfloat162_rn(c * xa.x - s * xb.x, c * xa.y - s * xb.y);
-    *reinterpret_cast<__nv_bfloat162*>(out + ib) = __floats2bfloat162_rn(s * xa.x + c * xb.x, s * xa.y + c * xb.y);
+    const float2 ba = base ? load2(base + ia) : make_float2(0.f, 0.f), bb = base ? load2(base + ib) : make_float2(0.f, 0.f);
+    store2(out + ia, ba.x + (c * xa.x - s * xb.x), ba.y + (c * xa.y - s * xb.y));
+    store2(out + ib, bb.x + (s * xa.x + c * xb.x), bb.y + (s * xa.y + c * xb.y));
   }
 }
 
 // Stage 1 of dθ[k] += Σ_{rows, channels} dOut_b·Ĩ_a − dOut_a·Ĩ_b (Ĩ recomputed from I).
+template <typename T>
 __global__ void __launch_bounds__(kDthetaThreads)
-    givens_dtheta_partial_kernel(const uint16_t* d_out, const uint16_t* in, const float* theta,
-                                 int64_t rows, int64_t heads, int64_t head_dim, int64_t layer,
-                                 double* partials) {
+    givens_dtheta_partial_kernel(const T* d_out, const T* in, const float* theta, int64_t rows, int64_t heads,
+                                 int64_t head_dim, int64_t layer, double* partials) {
   __shared__ double scratch[kDthetaThreads / 32];
   const int64_t pairs = heads / 2, half = head_dim / 2;
   const int64_t per = (rows + kDthetaBlocks - 1) / kDthetaBlocks;
@@ -91,32 +100,56 @@ __global__ void givens_dtheta_sum_kernel(int64_t pairs, const double* partials, 
   dtheta[k] = static_cast<float>(static_cast<double>(dtheta[k]) + acc);
 }
 
+template <typename In, typename Out>
+void launch_rotate(const In* in, const float* theta, float sin_sign, int64_t rows, int64_t heads, int64_t head_dim,
+                   int64_t layer, const float* base, Out* out, cudaStream_t stream) {
+  const int64_t n = rows * (heads / 2) * (head_dim / 2);
+  if (n == 0) return;
+  givens_rotate_kernel<In, Out><<<grid_for(n, kRotateThreads), kRotateThreads, 0, stream>>>(
+      in, theta, sin_sign, rows, heads, head_dim, layer, base, out);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+// dθ += the fixed-order sum of dOut_b·Ĩ_a − dOut_a·Ĩ_b over the rows (both stages).
+template <typename T>
+void launch_dtheta(const T* d_out, const T* in, const float* theta, int64_t rows, int64_t heads, int64_t head_dim,
+                   int64_t layer, float* dtheta, double* partials, cudaStream_t stream) {
+  const int64_t pairs = heads / 2;
+  givens_dtheta_partial_kernel<T><<<kDthetaBlocks, kDthetaThreads, 0, stream>>>(d_out, in, theta, rows, heads,
+                                                                                 head_dim, layer, partials);
+  QV_CUDA_CHECK(cudaGetLastError());
+  givens_dtheta_sum_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, stream>>>(pairs, partials,
+                                                                                            dtheta);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void launch_givens_forward(const uint16_t* in, const float* theta, int64_t rows, int64_t heads,
                            int64_t head_dim, int64_t layer, uint16_t* out, cudaStream_t stream) {
-  const int64_t n = rows * (heads / 2) * (head_dim / 2);
-  if (n == 0) return;
-  givens_rotate_kernel<<<grid_for(n, kRotateThreads), kRotateThreads, 0, stream>>>(
-      in, theta, 1.0f, rows, heads, head_dim, layer, out);
-  QV_CUDA_CHECK(cudaGetLastError());
+  launch_rotate(in, theta, 1.0f, rows, heads, head_dim, layer, nullptr, out, stream);
 }
 
 void launch_givens_backward(const uint16_t* d_out, const uint16_t* in, const float* theta,
                             int64_t rows, int64_t heads, int64_t head_dim, int64_t layer,
                             uint16_t* d_in, float* dtheta, double* partials, cudaStream_t stream) {
-  const int64_t pairs = heads / 2, n = rows * pairs * (head_dim / 2);
-  if (n == 0) return;
+  if (rows == 0) return;
   // dθ first: it reads d_out, which the rotation below may overwrite (d_in == d_out).
-  givens_dtheta_partial_kernel<<<kDthetaBlocks, kDthetaThreads, 0, stream>>>(d_out, in, theta, rows, heads,
-                                                                              head_dim, layer, partials);
-  QV_CUDA_CHECK(cudaGetLastError());
-  givens_dtheta_sum_kernel<<<static_cast<unsigned>((pairs + 127) / 128), 128, 0, stream>>>(pairs, partials,
-                                                                                            dtheta);
-  QV_CUDA_CHECK(cudaGetLastError());
-  givens_rotate_kernel<<<grid_for(n, kRotateThreads), kRotateThreads, 0, stream>>>(
-      d_out, theta, -1.0f, rows, heads, head_dim, layer, d_in);
-  QV_CUDA_CHECK(cudaGetLastError());
+  launch_dtheta(d_out, in, theta, rows, heads, head_dim, layer, dtheta, partials, stream);
+  launch_rotate(d_out, theta, -1.0f, rows, heads, head_dim, layer, nullptr, d_in, stream);
+}
+
+void launch_givens_rotate_weight(const float* w, const float* theta, int64_t rows, int64_t heads,
+                                 int64_t head_dim, int64_t layer, uint16_t* out, cudaStream_t stream) {
+  launch_rotate(w, theta, 1.0f, rows, heads, head_dim, layer, nullptr, out, stream);
+}
+
+void launch_givens_weight_backward(float* dw, const float* base, const float* w, const float* theta, int64_t rows,
+                                   int64_t heads, int64_t head_dim, int64_t layer, float* dtheta,
+                                   double* partials, cudaStream_t stream) {
+  if (rows == 0) return;
+  launch_dtheta<float>(dw, w, theta, rows, heads, head_dim, layer, dtheta, partials, stream);
+  launch_rotate(static_cast<const float*>(dw), theta, -1.0f, rows, heads, head_dim, layer, base, dw, stream);
 }
 
 }  // namespace quiver::cuda::detail

@@ -188,6 +188,10 @@ struct GpuModel::Layer {
   DeviceParam w_in[3], b_in[3], w_out, b_out;
   DeviceParam theta, lambda, w_alpha_down, w_alpha_up, a_log, dt_bias;
   DeviceParam ffn_gate, ffn_up, ffn_down, ffn_gate_b, ffn_up_b, ffn_down_b;
+  // The Givens mixing is folded into the information projection (givens.h): w_in[2].half (and
+  // b_in[2].half) hold the rotated weights, so Ĩ comes out of the projection. Not with raw-X
+  // communication (I = X has no weight), where the states are rotated.
+  bool givens_folded = false;
 };
 
 namespace {
@@ -218,8 +222,47 @@ struct GpuModel::Acts {
   Tensor dx, dh, dtmp, dy, da, db, dc, dgate, dr, dr_down;  // da, db, dc adjacent
   Tensor df_gate, df_up, df_act, lin_workspace, rel_workspace;
   Tensor head_dw;                  // F32 [padded V, D]: the tied head's weight gradient, before it is added
+  Tensor givens_base;              // F32: W_I's and b_I's gradient so far (folded Givens mixing)
   LayerActs& slot(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
 };
+
+namespace {
+
+// The folded Givens mixing in the backward (Layer::givens_folded). Before the information
+// projection's backward, W_I's (and b_I's) gradient so far moves into `base` (views of
+// `scratch`) and the slots are zeroed, so that the projection leaves dW̃ there; after it,
+// givens_fold_backward makes them base + Gᵀ dW̃ and adds dθ.
+void givens_set_aside(const GpuModel::Layer& L, const Tensor& scratch, Tensor base[2], cudaStream_t s) {
+  const DeviceParam* p[2] = {&L.w_in[2], &L.b_in[2]};
+  int64_t at = 0;
+  for (int j = 0; j < 2; ++j) {
+    if (!p[j]->defined()) continue;
+    const int64_t n = p[j]->grad.numel();
+    base[j] = scratch.slice(0, at, at + n).reshape(p[j]->grad.shape());
+    at += model::align_param(n);
+    QV_CUDA_CHECK(cudaMemcpyAsync(base[j].raw(), p[j]->grad.raw(), p[j]->grad.nbytes(), cudaMemcpyDeviceToDevice, s));
+    QV_CUDA_CHECK(cudaMemsetAsync(p[j]->grad.raw(), 0, p[j]->grad.nbytes(), s));
+  }
+}
+
+// W_I and b_I as [rows, H, Dh]: the rotation's view.
+int64_t givens_scratch_numel(const GpuModel::Layer& L) {
+  return model::align_param(L.w_in[2].grad.numel()) + (L.b_in[2].defined() ? L.b_in[2].grad.numel() : 0);
+}
+
+void givens_fold_backward(const GpuModel::Layer& L, int64_t layer, int64_t H, int64_t Dh, Tensor base[2],
+                          cudaStream_t s) {
+  const DeviceParam* p[2] = {&L.w_in[2], &L.b_in[2]};
+  Tensor dtheta = L.theta.grad;
+  for (int j = 0; j < 2; ++j) {
+    if (!p[j]->defined()) continue;
+    const Shape heads{p[j]->grad.numel() / (H * Dh), H, Dh};
+    Tensor dw = p[j]->grad.reshape(heads);
+    givens_weight_backward(dw, base[j].reshape(heads), p[j]->master.reshape(heads), L.theta.master, layer, dtheta, s);
+  }
+}
+
+}  // namespace
 
 struct GpuModel::Staging {
   int32_t* host[2] = {nullptr, nullptr};
@@ -279,6 +322,7 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     auto L = std::make_unique<Layer>();
     model::bind_layer_params(*L, cfg_.pattern[l], l, get);
+    L->givens_folded = L->theta.defined() && !cfg_.relation.raw_x;
     layers_.push_back(std::move(L));
   }
   tok_emb_ = get("tok_emb");
@@ -321,13 +365,27 @@ void GpuModel::store_params(Tensor& host) const {
 void GpuModel::params_changed() {
   if (half_gap_ == 0) {
     convert(params_, params_half_, stream_);
-    return;
+  } else {
+    // tok_emb first, then everything after it past the zero rows.
+    const int64_t emb = tok_emb_.master.numel(), P = params_.numel();
+    Tensor half_emb = params_half_.slice(0, 0, emb), half_rest = params_half_.slice(0, emb + half_gap_, P + half_gap_);
+    convert(params_.slice(0, 0, emb), half_emb, stream_);
+    convert(params_.slice(0, emb, P), half_rest, stream_);
   }
-  // tok_emb first, then everything after it past the zero rows.
-  const int64_t emb = tok_emb_.master.numel(), P = params_.numel();
-  Tensor half_emb = params_half_.slice(0, 0, emb), half_rest = params_half_.slice(0, emb + half_gap_, P + half_gap_);
-  convert(params_.slice(0, 0, emb), half_emb, stream_);
-  convert(params_.slice(0, emb, P), half_rest, stream_);
+  // The folded Givens mixing: the information projection's compute copy is the rotated weight.
+  const int64_t H = cfg_.n_heads, Dh = cfg_.head_dim();
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    Layer& L = *layers_[l];
+    if (!L.givens_folded) continue;
+    const DeviceParam& w = L.w_in[2];
+    const Shape heads{w.master.numel() / (H * Dh), H, Dh};
+    Tensor half = w.half.reshape(heads);
+    givens_rotate_weight(w.master.reshape(heads), L.theta.master, l, half, stream_);
+    if (L.b_in[2].defined()) {
+      Tensor bias_half = L.b_in[2].half.reshape({H, Dh});
+      givens_rotate_weight(L.b_in[2].master.reshape({H, Dh}), L.theta.master, l, bias_half, stream_);
+    }
+  }
 }
 
 void GpuModel::zero_grads() {
@@ -376,7 +434,7 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
       s.b = mat(N, bc);
       s.c = mat(N, bc);
     }
-    if (has_f || has_l) s.mixed = mat(N, D);
+    if ((has_f || has_l) && cfg_.relation.raw_x && cfg_.relation.givens && H > 1) s.mixed = mat(N, D);
     if (has_l) {
       s.gate = device_empty({N, D}, DType::F32);
       s.r_down = mat(N, Dh);
@@ -444,6 +502,11 @@ void GpuModel::ensure_acts(int64_t B, int64_t T, bool training) {
       a->df_up = mat(N, F);
     }
     a->df_act = mat(N, F);
+    for (const auto& L : layers_)
+      if (L->givens_folded) {
+        a->givens_base = device_empty({givens_scratch_numel(*L)}, DType::F32);
+        break;
+      }
     if (cfg_.pattern.find('F') != std::string::npos) {
       const int64_t bytes = flash_relation_backward_workspace_bytes(B, T, H);
       a->rel_workspace = device_empty({std::max<int64_t>(1, (bytes + 7) / 8)}, DType::F64);
@@ -597,9 +660,9 @@ void GpuModel::forward(Acts& A, Mode mode, GpuDecodeState* ds) {
       Tensor p14 = p1.reshape(hs), p24 = p2.reshape(hs), I4 = I.reshape(hs);
       mark("rope");
       if (rope) rope_pair(p14, p24, nullptr, false, cfg_.rope_base, s);
-      mark("givens");
-      Tensor mixed4 = I4;
-      if (L.theta.defined()) {
+      Tensor mixed4 = I4;  // Ĩ: the projection's output when the mixing is folded
+      if (L.theta.defined() && !L.givens_folded) {
+        mark("givens");
         mixed4 = a.mixed.reshape(hs);
         givens_forward(I4, L.theta.master, l, mixed4, s);
       }
@@ -797,7 +860,8 @@ void GpuModel::backward(Acts& A) {
     } else {
       Tensor I = cfg_.relation.raw_x ? a.h1 : a.c;
       Tensor p14 = a.a.reshape(hs), p24 = a.b.reshape(hs), I4 = I.reshape(hs);
-      Tensor mixed4 = L.theta.defined() ? a.mixed.reshape(hs) : I4;
+      const bool rotate_states = L.theta.defined() && !L.givens_folded;
+      Tensor mixed4 = rotate_states ? a.mixed.reshape(hs) : I4;
       // dĨ (then dI) in dc, next to dp1 and dp2 for the batched weight gradients.
       Tensor dp14 = A.da.reshape(hs), dp24 = A.db.reshape(hs), dmixed4 = A.dc.reshape(hs);
       Tensor y4 = a.y.reshape(hs), dy4 = A.dy.reshape(hs);
@@ -813,15 +877,25 @@ void GpuModel::backward(Acts& A) {
                                  A.lin_workspace, s);
       }
       Tensor dI4 = dmixed4;
-      mark("bwd givens");
-      if (L.theta.defined()) {
+      if (rotate_states) {
+        mark("bwd givens");
         Tensor dtheta = L.theta.grad;
         givens_backward(dmixed4, I4, L.theta.master, l, dI4, dtheta, s);
       }
+      mark("bwd rope");
       if (rope) rope_pair(dp14, dp24, nullptr, true, cfg_.rope_base, s);
       mark("bwd mixer projections");
+      // Folded mixing: the projection's backward leaves dW̃ in W_I's gradient (emptied for it,
+      // the earlier micro-batches' sum kept aside), then dW_I = that sum + Gᵀ dW̃ and dθ.
+      Tensor givens_base[2];
+      if (L.givens_folded) givens_set_aside(L, A.givens_base, givens_base, s);
       const Tensor* dp[3] = {&A.da, &A.db, &A.dc};
       project_many_backward(dp, a.h1, L.w_in, L.b_in, cfg_.relation.raw_x ? 2 : 3, A.dh, s);
+      if (L.givens_folded) {
+        mark("bwd givens (weights)");
+        givens_fold_backward(L, l, H, Dh, givens_base, s);
+        mark("bwd mixer projections");
+      }
       if (cfg_.relation.raw_x) detail::launch_add_bf16(bf16(A.dh), bf16(A.dc), N * D, s);
       if (L.kind == 'L') {
         Tensor dg2 = A.dgate, dwd = L.w_alpha_down.grad, dwu = L.w_alpha_up.grad;
@@ -985,7 +1059,7 @@ void GpuModel::decode_step(GpuDecodeState& st) {
       mark("rope");
       if (rope) rope_pair(p13, p23, pos, false, cfg_.rope_base, s);
       Tensor mixed3 = I3;
-      if (L.theta.defined()) {
+      if (L.theta.defined() && !L.givens_folded) {
         mixed3 = st.mixed_.reshape(rows);
         givens_forward(I3, L.theta.master, l, mixed3, s);
       }

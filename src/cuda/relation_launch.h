@@ -105,6 +105,15 @@ constexpr int64_t kGivensDthetaBlocks = 264;
 void launch_givens_backward(const uint16_t* d_out, const uint16_t* in, const float* theta,
                             int64_t rows, int64_t heads, int64_t head_dim, int64_t layer,
                             uint16_t* d_in, float* dtheta, double* partials, cudaStream_t stream);
+// The same mixing folded into the information projection (givens.h): `rows` rows of H·Dh fp32
+// weights (W_I's rows, or b_I as one row). rotate_weight: out = G(θ) w in bf16 (the compute
+// copy). weight_backward: dtheta += the sum above with dOut = dw (the gradient of the rotated
+// weight) and I = w, then dw = base + G(θ)ᵀ dw. Pointers 8-byte aligned.
+void launch_givens_rotate_weight(const float* w, const float* theta, int64_t rows, int64_t heads,
+                                 int64_t head_dim, int64_t layer, uint16_t* out, cudaStream_t stream);
+void launch_givens_weight_backward(float* dw, const float* base, const float* w, const float* theta, int64_t rows,
+                                   int64_t heads, int64_t head_dim, int64_t layer, float* dtheta,
+                                   double* partials, cudaStream_t stream);
 
 #define QUIVER_RELATION_DECLARE(P)                                                           \
   extern template void launch_relation_forward<P>(const RelationForwardArgs&, cudaStream_t); \

@@ -87,6 +87,57 @@ TEST_P(GpuGivens, ForwardAndBackwardMatchTheCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGivens, ::testing::ValuesIn(kCases));
 
+// The mixing folded into the information projection: the rotated weight (fp32 masters in, one
+// bf16 rounding out: kTight) and its backward (dW = base + Gᵀ dW̃ in fp32: within a few 2^-24
+// relative, kFp32; dθ like the states' within kTheta). Shapes: W_I [K, H, Dh] on even and odd
+// layers, b_I [H, Dh], H = 2 on an odd layer.
+TEST(GpuGivensWeights, FoldedRotationAndItsBackwardMatchTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr double kFp32 = 1e-6;
+  const std::pair<Shape, int64_t> cases[] = {{{37, 8, 48}, 0}, {{64, 8, 64}, 1}, {{8, 60}, 3}, {{5, 2, 16}, 1}};
+  for (const auto& [shape, layer] : cases) {
+    const int64_t H = shape[shape.size() - 2];
+    Rng rng(5000 + layer * 13 + H);
+    auto random_f32 = [&](double lo, double hi) {
+      Tensor t = Tensor::empty(shape, DType::F32);
+      rng.fill_uniform(t, lo, hi);
+      return t;
+    };
+    const Tensor w = random_f32(-1.0, 1.0), dw_rot = random_f32(-1.0, 1.0), base = random_f32(-1.0, 1.0);
+    Tensor theta = Tensor::empty({H / 2}, DType::F32);
+    rng.fill_uniform(theta, -3.0, 3.0);
+    Tensor dtheta_start = Tensor::empty({H / 2}, DType::F32);
+    rng.fill_uniform(dtheta_start, -1.0, 1.0);
+    const Tensor w_dev = to_device(w), theta_dev = to_device(theta);
+    // The CPU reference takes states [T, H, Dh] or [B, T, H, Dh]: b_I [H, Dh] as one row.
+    const Shape ref_shape = shape.size() == 2 ? Shape{1, shape[0], shape[1]} : shape;
+    const Tensor w64 = w.to(DType::F64).reshape(ref_shape);
+
+    Tensor out = poisoned(shape, DType::BF16);
+    cuda::givens_rotate_weight(w_dev, theta_dev, layer, out);
+    Tensor out_ref = Tensor::empty(ref_shape, DType::F64);
+    ops::givens_forward(w64, theta, layer, out_ref);
+    EXPECT_LT(error(to_host_f64(out).reshape(ref_shape), out_ref), kTight) << shape_str(shape) << " layer " << layer;
+
+    Tensor dw = to_device(dw_rot), dtheta = to_device(dtheta_start);
+    cuda::givens_weight_backward(dw, to_device(base), w_dev, theta_dev, layer, dtheta);
+    Tensor dw_ref = Tensor::empty(ref_shape, DType::F64);
+    Tensor dtheta_ref = Tensor::empty({H / 2}, DType::F32);
+    ops::givens_backward(dw_rot.to(DType::F64).reshape(ref_shape), w64, theta, layer, dw_ref, dtheta_ref);
+    const Tensor base64 = base.to(DType::F64);
+    for (int64_t i = 0; i < dw_ref.numel(); ++i) dw_ref.data<double>()[i] += base64.data<double>()[i];
+    EXPECT_LT(error(to_host_f64(dw).reshape(ref_shape), dw_ref), kFp32) << shape_str(shape) << " layer " << layer;
+    const Tensor dtheta_got = to_host_f64(dtheta);
+    Tensor dtheta_delta = Tensor::empty({H / 2}, DType::F64);
+    for (int64_t k = 0; k < H / 2; ++k)
+      dtheta_delta.data<double>()[k] =
+          dtheta_got.data<double>()[k] - static_cast<double>(dtheta_start.data<float>()[k]);
+    EXPECT_LT(error(dtheta_delta, dtheta_ref.to(DType::F64)), kTheta) << shape_str(shape) << " layer " << layer;
+
+    EXPECT_THROW(cuda::givens_weight_backward(dw, dw, w_dev, theta_dev, layer, dtheta), Error);  // base is dw
+  }
+}
+
 // dθ is summed in a fixed order: two runs agree bit for bit.
 TEST(GpuGivensDeterminism, DthetaIsBitwiseReproducible) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -106,6 +106,7 @@ std::vector<Case> model_cases() {
       {"algebraic_ffn_q2x2_interval", "AA", {{"ffn", {{"law", "Q2xQ2"}, {"schedule", "interval:32"}}}}},
       {"algebraic_ffn_q4_cyclic", "A", {{"ffn", {{"law", "Q4"}, {"schedule", "cyclic"}}}}},
       {"full_relation", "FF", nlohmann::json::object()},
+      {"full_relation_bias", "F", {{"attn_bias", true}}},
       {"relation_exchange_only_raw_x", "F", {{"relation", {{"exchange_only", true}, {"raw_x", true}}}}},
       {"relation_frozen_lambda_no_givens", "F", {{"relation", {{"lambda_frozen", true}, {"givens", false}}}}},
       {"linear_relation", "LL", nlohmann::json::object()},
@@ -209,6 +210,47 @@ TEST_P(GpuModelCase, DecodingReproducesTheFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, GpuModelCase, ::testing::ValuesIn(model_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// Gradients accumulate over micro-batches: two forward-backward calls leave the sum of what each
+// leaves alone. The folded Givens mixing sets W_I's gradient aside around its projection's
+// backward, so this checks that nothing accumulated before is lost (biases included).
+TEST(GpuModelAccumulation, TwoMicroBatchesLeaveTheSumOfTheirGradients) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& [pattern, overrides] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"FL", {{"attn_bias", true}}}, {"FA", nlohmann::json::object()}}) {
+    const model::ModelConfig cfg = small_config(pattern, overrides);
+    model::Model cpu(cfg, DType::F32);
+    randomize(cpu, 5);
+    cuda::GpuModel gpu(cfg);
+    gpu.load_params(cpu.params());
+    const int64_t B = 2, T = 40;
+    const std::vector<int32_t> x1 = random_ids(B * T, cfg.vocab_size, 31), y1 = random_ids(B * T, cfg.vocab_size, 32);
+    const std::vector<int32_t> x2 = random_ids(B * T, cfg.vocab_size, 33), y2 = random_ids(B * T, cfg.vocab_size, 34);
+    auto grads_of = [&](const std::vector<const std::vector<int32_t>*>& batches) {
+      gpu.zero_grads();
+      for (size_t i = 0; i < batches.size(); i += 2) gpu.forward_backward(batches[i]->data(), batches[i + 1]->data(), B, T, 0.5f);
+      gpu.take_loss_sum();
+      return gpu_testing::to_host_f64(gpu.grads());
+    };
+    const Tensor g1 = grads_of({&x1, &y1}), g2 = grads_of({&x2, &y2}), both = grads_of({&x1, &y1, &x2, &y2});
+    std::vector<double> sum(static_cast<size_t>(g1.numel()));
+    for (int64_t i = 0; i < g1.numel(); ++i) sum[i] = g1.data<double>()[i] + g2.data<double>()[i];
+    double total = 0;
+    for (double v : sum) total += v * v;
+    for (const model::ParamInfo& p : cpu.param_table()) {
+      if (!p.trainable) continue;
+      // fp32 sums in another order: a few ulps of the larger term, against the tensor's norm
+      // (or a thousandth of the whole gradient's, for tensors near zero by symmetry).
+      double diff = 0, norm = 0;
+      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+        const double d = both.data<double>()[i] - sum[i];
+        diff += d * d;
+        norm += sum[i] * sum[i];
+      }
+      EXPECT_LT(std::sqrt(diff), 1e-5 * std::max(std::sqrt(norm), 1e-3 * std::sqrt(total))) << pattern << ": " << p.name;
+    }
+  }
+}
 
 // A corpus with structure (a noisy repeating pattern) so that the loss falls.
 std::vector<int32_t> patterned_ids(int64_t n, int64_t V, uint64_t seed) {
