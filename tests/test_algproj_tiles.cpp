@@ -291,6 +291,15 @@ TEST(AlgProjTiles, LongRowListsAreSplit) {
   const Tensor dw = run_weight_plan(p, x, dy, writes);
   EXPECT_TRUE(each_once(writes));
   EXPECT_LT(max_abs_diff(dw, dw_ref), 1e-9);
+  // Unsplit (the calibration's other candidate): whole lists, the same products.
+  const ops::AlgWeightPlan whole = ops::plan_weight_pass(q16, widths, types, 4, 4, false);
+  EXPECT_TRUE(whole.splits.empty());
+  EXPECT_EQ(whole.num_slots, 0);
+  EXPECT_EQ(whole.macs, p.macs);
+  EXPECT_EQ(whole.tiles.front().list_count, 2048);
+  writes.clear();
+  EXPECT_LT(max_abs_diff(run_weight_plan(whole, x, dy, writes), dw_ref), 1e-9);
+  EXPECT_TRUE(each_once(writes));
 }
 
 TEST(AlgProjTiles, BadArgumentsNameTheProblem) {

@@ -283,13 +283,16 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Gemv)
     return fmt::format("gemv {}x{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols);
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
-  return fmt::format("fused {}x{} k{}x{}", c.rows, c.cols, c.chunk, c.stages);
+  return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
 }
 
 std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
   std::vector<AlgKernel> out;
   const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
-  for (int c = 0; c < n; ++c) out.push_back({AlgKernel::Kind::Fused, c});
+  for (int c = 0; c < n; ++c) {
+    out.push_back({AlgKernel::Kind::Fused, c});
+    if (pass == ops::AlgPass::DW) out.push_back({AlgKernel::Kind::Fused, c, true});
+  }
   if (pass == ops::AlgPass::Forward)
     for (int c = 0; c < detail::kAlgGemvConfigCount; ++c) out.push_back({AlgKernel::Kind::Gemv, c});
   return out;
@@ -334,7 +337,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   };
   size_t rows_at, tiles_at, segs_at = 0, splits_at = 0;
   if (pass == ops::AlgPass::DW) {
-    const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols);
+    const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols, kernel.split);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgWeightSplit));
@@ -467,7 +470,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj2|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj3|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -478,7 +481,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       const int config = v->at("config").get<int>();
       const int limit = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
       if (kind == "products" || (kind == "fused" && config >= 0 && config < limit)) {
-        best = {kind == "products" ? AlgKernel::Kind::Products : AlgKernel::Kind::Fused, config};
+        best = {kind == "products" ? AlgKernel::Kind::Products : AlgKernel::Kind::Fused, config,
+                kind == "fused" && pass == ops::AlgPass::DW && v->value("split", false)};
         known = true;
       } else if (kind == "gemv" && pass == ops::AlgPass::Forward && fused_vec_ == 8 && config >= 0 &&
                  config < detail::kAlgGemvConfigCount) {
@@ -512,6 +516,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     for (const AlgKernel& k : kernel_candidates(pass)) {
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
+      // A split candidate whose plan has nothing to split is its unsplit twin.
+      if (k.split && plan(pass, k, types, stream).num_splits == 0) continue;
       run(k);  // warm: builds the plan, grows scratch
       float fastest = 0;
       for (int rep = 0; rep < 3; ++rep) {
@@ -540,6 +546,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                                                               : "gemv";
     kernel_cache().store(key, {{"kernel", kind},
                             {"config", best.config},
+                            {"split", best.split},
                             {"name", kernel_name(pass, best)},
                             {"us", best_us},
                             {"candidates_us", timings}});

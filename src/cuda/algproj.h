@@ -71,6 +71,10 @@ struct AlgKernel {
   enum class Kind { Products, Fused, Gemv };
   Kind kind = Kind::Fused;
   int config = 0;
+  // dW fused only: long row lists split into pieces (ops::plan_weight_pass). It pays where the
+  // diagonal blocks' tiles would run alone at the end and costs the slots' traffic elsewhere, so
+  // calibration times both.
+  bool split = false;
   bool operator==(const AlgKernel&) const = default;
 };
 std::string kernel_name(ops::AlgPass pass, const AlgKernel& k);  // "products", "fused 64x128"

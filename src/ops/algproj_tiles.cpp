@@ -198,7 +198,7 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
 }
 
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
-                               const std::vector<int>& row_types, int tile_rows, int tile_cols) {
+                               const std::vector<int>& row_types, int tile_rows, int tile_cols, bool split) {
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
   const int q = law.q();
   const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
@@ -245,7 +245,7 @@ AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidt
   // size or 16 MB), the pieces being consecutive parts of the list.
   plan.slot_rows = tile_rows;
   plan.slot_cols = tile_cols;
-  if (!plan.tiles.empty()) {
+  if (split && !plan.tiles.empty()) {
     std::vector<int64_t> sorted;
     for (const AlgWeightTile& t : plan.tiles) sorted.push_back(t.list_count);
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());

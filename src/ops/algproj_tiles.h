@@ -99,7 +99,9 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
                          int tile_cols, bool split = true, int64_t min_tiles = 0);
 constexpr int kAlgSplitAlign = 64;
 
+// split: whether long row lists may be split (see the file comment).
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
-                               const std::vector<int>& row_types, int tile_rows, int tile_cols);
+                               const std::vector<int>& row_types, int tile_rows, int tile_cols,
+                               bool split = true);
 
 }  // namespace quiver::ops

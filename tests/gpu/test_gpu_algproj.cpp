@@ -302,7 +302,7 @@ TEST(GpuAlgProj, EveryFusedTileShapeEveryPass) {
   // row counts that leave partial tiles.
   auto fused_count = [](ops::AlgPass pass) {
     int n = 0;
-    for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(pass)) n += k.kind == AlgKernel::Kind::Fused;
+    for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(pass)) n += k.kind == AlgKernel::Kind::Fused && !k.split;
     return n;
   };
   const int row_configs = fused_count(ops::AlgPass::Forward), dw_configs = fused_count(ops::AlgPass::DW);
@@ -353,14 +353,14 @@ TEST(GpuAlgProj, SplitRowListsEveryWeightTile) {
   const algebra::Law law = algebra::Law::parse(q16.law);
   const std::vector<int> cyclic = make_types(Sched::Cyclic, 2048, 16, 0);
   int dw_configs = 0;
-  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::DW)) dw_configs += k.kind == AlgKernel::Kind::Fused;
+  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::DW)) dw_configs += k.kind == AlgKernel::Kind::Fused && !k.split;
   for (int c = 0; c < dw_configs; ++c) {
     SCOPED_TRACE("dW tile config " + std::to_string(c));
     const ops::AlgWeightPlan plan = ops::plan_weight_pass(law, widths_of(q16, 16), cyclic,
                                                           cuda::detail::kAlgWeightConfigs[c].rows,
                                                           cuda::detail::kAlgWeightConfigs[c].cols);
     ASSERT_FALSE(plan.splits.empty());
-    check_case(q16, cyclic, 191 + c, {fused(0), fused(0), fused(c)});
+    check_case(q16, cyclic, 191 + c, {fused(0), fused(0), AlgKernel{AlgKernel::Kind::Fused, c, true}});
   }
 }
 
