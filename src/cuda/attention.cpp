@@ -9,6 +9,7 @@
 
 #include "cuda/attention_launch.h"
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "ops/head_shape.h"
 
 namespace quiver::cuda {
@@ -96,16 +97,28 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   prepare_output(dq, DType::BF16, pr.q_shape, kBackward, "dq");
   prepare_output(dk, DType::BF16, pr.kv_shape, kBackward, "dk");
   prepare_output(dv, DType::BF16, pr.kv_shape, kBackward, "dv");
-  const detail::AttentionBackwardArgs args{pr.dims,
-                                           bf16_in(q),
-                                           bf16_in(k),
-                                           bf16_in(v),
-                                           bf16_in(y),
-                                           static_cast<const float*>(lse.raw()),
-                                           bf16_in(dy),
-                                           bf16_out(dq),
-                                           bf16_out(dk),
-                                           bf16_out(dv)};
+  detail::AttentionBackwardArgs args{pr.dims,
+                                     bf16_in(q),
+                                     bf16_in(k),
+                                     bf16_in(v),
+                                     bf16_in(y),
+                                     static_cast<const float*>(lse.raw()),
+                                     bf16_in(dy),
+                                     bf16_out(dq),
+                                     bf16_out(dk),
+                                     bf16_out(dv),
+                                     nullptr};
+  // D per query row: in the device's GEMM workspace (stream-ordered scratch, context.h) when it
+  // fits, else in a buffer of this call (freed after the kernels: cudaFree waits for them).
+  const detail::AttentionDims& dd = pr.dims;
+  const int64_t delta_bytes = dd.B * dd.Hq * dd.T * static_cast<int64_t>(sizeof(float));
+  Tensor delta_buffer;
+  if (static_cast<size_t>(delta_bytes) <= context().workspace_bytes()) {
+    args.delta = static_cast<float*>(context().workspace());
+  } else {
+    delta_buffer = Tensor::empty({dd.B * dd.Hq * dd.T}, DType::F32, Device::CUDA);
+    args.delta = static_cast<float*>(delta_buffer.raw());
+  }
   dispatch_padded_width(pr.dims.Dh, args, stream,
                       []<int P>(const detail::AttentionBackwardArgs& a, cudaStream_t s) {
                         detail::launch_attention_backward<P>(a, s);

@@ -198,6 +198,34 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
+// The backward's row pass: D_p = dy_p · y_p of every query row into delta [B, Hq, T] (fp32 sums
+// of the bf16 products), one warp per row of [B, T, Hq, Dh], the lanes splitting the head width.
+constexpr int kDeltaThreads = 256;
+__global__ void __launch_bounds__(kDeltaThreads)
+    row_delta_kernel(const AttentionDims d, const uint16_t* y, const uint16_t* dy, float* delta) {
+  const int64_t rows = d.B * d.T * d.Hq;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kDeltaThreads / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t off = row * d.Dh;
+  float sum = 0.0f;
+  for (int64_t c = lane; c < d.Dh; c += 32) sum = fmaf(bf16_load(y[off + c]), bf16_load(dy[off + c]), sum);
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) {
+    const int64_t h = row % d.Hq, p = (row / d.Hq) % d.T, b = row / (d.Hq * d.T);
+    delta[(b * d.Hq + h) * d.T + p] = sum;
+  }
+}
+
+void launch_row_delta(const AttentionDims& d, const uint16_t* y, const uint16_t* dy, float* delta,
+                      cudaStream_t stream) {
+  const int64_t rows = d.B * d.T * d.Hq;
+  if (rows == 0) return;
+  constexpr int64_t kRowsPerBlock = kDeltaThreads / 32;
+  row_delta_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kDeltaThreads, 0, stream>>>(
+      d, y, dy, delta);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
 
 }  // namespace
 
@@ -213,8 +241,9 @@ template <int kPadded>
 void launch_attention_backward(const AttentionBackwardArgs& args, cudaStream_t stream) {
   CausalSoftmaxRule rule = softmax_rule(args.dims.Dh);
   rule.lse_in = args.lse;
+  launch_row_delta(args.dims, args.y, args.dy, args.delta, stream);
   flash::launch_backward<kPadded>(
-      flash::BackwardIo{args.dims, args.q, args.k, args.v, args.y, args.dy, args.dq,
+      flash::BackwardIo{args.dims, args.q, args.k, args.v, args.dy, args.delta, args.dq,
                         args.dk, args.dv},
       rule, stream);
 }

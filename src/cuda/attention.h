@@ -64,7 +64,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 // FlashAttention-2 backward from the forward's y and lse and the upstream gradient dy (shape
 // of y). Writes dq (shape of q), dk and dv (shape of k; summed over the query heads of a
 // group). Deterministic: dk/dv by one pass over the query tiles per key tile, dq by a second
-// pass over the key tiles per query tile (no atomics).
+// pass over the key tiles per query tile (no atomics). D_p = dy_p · y_p is computed first into
+// the device's GEMM workspace (context.h) when B·Hq·T floats fit there, else into a buffer of
+// the call.
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                         const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv,
                         cudaStream_t stream = nullptr);

@@ -37,6 +37,7 @@ struct AttentionBackwardArgs {
   uint16_t* dq;
   uint16_t* dk;
   uint16_t* dv;
+  float* delta;  // scratch: B·Hq·T floats (D_p = dy_p · y_p), stream-ordered
 };
 
 // One decode step (attention_decode_step): q, y [B, Hq, Dh]; k, v [B, Hkv, Dh];

@@ -1,8 +1,9 @@
 // Per-device CUDA context: the cuBLASLt handle and the GEMM workspace, created lazily on first
 // use of a device and destroyed at program exit.
 //
-// Contract: the workspace is shared by every GEMM on the device, whatever the stream, and by
-// the parameter sums of the norm, Givens and retention-gate backwards. GEMMs on
+// Contract: the workspace is shared by every GEMM on the device, whatever the stream, by the
+// parameter sums of the norm, Givens and retention-gate backwards, and by the attention
+// backward's row terms. GEMMs on
 // one stream are ordered, so sharing is safe there; callers that run GEMMs on several streams
 // concurrently must order those streams (an event) or the GEMMs may corrupt each other's
 // workspace. Creating the context allocates (cudaMalloc), which a CUDA graph capture forbids:

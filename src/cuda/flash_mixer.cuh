@@ -31,7 +31,9 @@
 //                         kSelf), y_p = hist · o_p + self · v_p with o_p the unnormalized
 //                         Σ exp2(logit − m2) v_j; writes the row's statistics when `writer`.
 //   row_norm2(r)          the backward's base-2 log normalizer of row p: P_pj = exp2(logit − it).
-//   grad(dot, norm2, dP, D) -> ScoreGrad {P, dS}: the weight and d loss / d (dot · scale).
+//   grad(dot, norm2, dP, D) -> ScoreGrad {P, dS}: the weight and d loss / d (dot · scale);
+//                         D_p = dy_p · y_p comes precomputed per row (BackwardIo::delta), so
+//                         the tile passes never load y.
 //   kSelf only: key_self(r, dk, dv) sets the row terms of key row j = p of row r,
 //                         dk_j += dk · q_j (before the scale) and dv_j += dv · dy_j;
 //                         query_self(r) the coefficient of dq_p += it · k_p (before the scale).
@@ -74,8 +76,8 @@ struct BackwardIo {
   const uint16_t* q;
   const uint16_t* k;
   const uint16_t* v;
-  const uint16_t* y;  // the forward's output: D_p = dy_p · y_p
   const uint16_t* dy;
+  const float* delta;  // [B, Hq, T]: D_p = dy_p · y_p, from the caller's row pass
   uint16_t* dq;
   uint16_t* dk;
   uint16_t* dv;
@@ -383,34 +385,6 @@ __device__ __forceinline__ float quad_row_dot(const uint16_t* a, const uint16_t*
   return quad_sum(sum);
 }
 
-// D_r = dy_r · y_r for the kRows rows of two shared tiles, by kThreads / kRows consecutive
-// threads per row reading 8 lanes at a time; written to delta[r] (visible after the next
-// barrier).
-__device__ __forceinline__ float dot8(uint4 x, uint4 y) {
-  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    sum = fmaf(bf16_lo(xs[i]), bf16_lo(ys[i]), sum);
-    sum = fmaf(bf16_hi(xs[i]), bf16_hi(ys[i]), sum);
-  }
-  return sum;
-}
-template <int kRows, int kPadded>
-__device__ __forceinline__ void tile_delta(float* delta, const uint16_t* dys, const uint16_t* ys) {
-  constexpr int kPerRow = kThreads / kRows;
-  static_assert(kPerRow >= 1 && kPerRow <= 32 && (kPerRow & (kPerRow - 1)) == 0, "row split");
-  const int r = threadIdx.x / kPerRow, part = threadIdx.x % kPerRow;
-  float sum = 0.0f;
-#pragma unroll
-  for (int c = part * 8; c < kPadded; c += kPerRow * 8)
-    sum += dot8(*reinterpret_cast<const uint4*>(dys + r * kRowStride<kPadded> + c),
-                *reinterpret_cast<const uint4*>(ys + r * kRowStride<kPadded> + c));
-#pragma unroll
-  for (int off = kPerRow / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (part == 0) delta[r] = sum;
-}
-
 // A fragments (K, V in dK/dV; Q, dy in dQ) are held in registers for the whole loop up to this
 // width; wider heads reload them from shared memory per tile (the accumulators grow with the
 // width). Measured on the H200: capping the dK/dV kernel at 168 registers (3 blocks per SM,
@@ -570,10 +544,9 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] key tile; dk staging at the end
   uint16_t* vs = ks + kTile * S;                          // [64, S] value tile; dv staging
   uint16_t* qs = vs + kTile * S;                          // 2 stages of [kBr, S] each:
-  uint16_t* dys = qs + 2 * kBr * S;                       //   query, dy and y tiles
-  uint16_t* ys = dys + 2 * kBr * S;
-  float* norm_s = reinterpret_cast<float*>(ys + 2 * kBr * S);  // 2 stages of [kBr], base 2
-  float* delta_s = norm_s + 2 * kBr;                           // 2 stages of [kBr]
+  uint16_t* dys = qs + 2 * kBr * S;                       //   query and dy tiles
+  float* norm_s = reinterpret_cast<float*>(dys + 2 * kBr * S);  // 2 stages of [kBr], base 2
+  float* delta_s = norm_s + 2 * kBr;                            // 2 stages of [kBr]
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -596,12 +569,16 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t q_off = (b * T * d.Hq + head_of(it)) * Dh, p0 = tile_of(it);
     load_tile<kBr, kPadded>(qs + stage * kBr * S, a.q + q_off, p0, T, q_stride, Dh, vec);
     load_tile<kBr, kPadded>(dys + stage * kBr * S, a.dy + q_off, p0, T, q_stride, Dh, vec);
-    load_tile<kBr, kPadded>(ys + stage * kBr * S, a.y + q_off, p0, T, q_stride, Dh, vec);
   };
-  // The normalizer of query row tile_of(it) + threadIdx.x; +inf past T (so P = 0 there).
+  // The normalizer and D of query row tile_of(it) + threadIdx.x; past T +inf (so P = 0 there)
+  // and 0.
   auto norm_of = [&](int64_t it) {
     const int64_t p = tile_of(it) + threadIdx.x;
     return p < T ? rule.row_norm2((b * d.Hq + head_of(it)) * T + p) : INFINITY;
+  };
+  auto delta_of = [&](int64_t it) {
+    const int64_t p = tile_of(it) + threadIdx.x;
+    return p < T ? a.delta[(b * d.Hq + head_of(it)) * T + p] : 0.0f;
   };
 
   load_tile<kTile, kPadded>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
@@ -609,7 +586,10 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
   issue(0, 0);
   cp_async_commit();
-  if (threadIdx.x < kBr) norm_s[threadIdx.x] = norm_of(0);
+  if (threadIdx.x < kBr) {
+    norm_s[threadIdx.x] = norm_of(0);
+    delta_s[threadIdx.x] = delta_of(0);
+  }
 
   uint32_t kf[kHold ? kChunks : 1][4], vf[kHold ? kChunks : 1][4];
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -620,10 +600,13 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t it = 0; it < total; ++it) {
     const int stage = static_cast<int>(it & 1);
-    float norm_next = 0.0f;
+    float norm_next = 0.0f, delta_next = 0.0f;
     if (it + 1 < total) {
       issue(it + 1, stage ^ 1);
-      if (threadIdx.x < kBr) norm_next = norm_of(it + 1);
+      if (threadIdx.x < kBr) {
+        norm_next = norm_of(it + 1);
+        delta_next = delta_of(it + 1);
+      }
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -632,7 +615,6 @@ __global__ void __launch_bounds__(kThreads)
     const uint16_t* dyst = dys + stage * kBr * S;
     const float* norm_t = norm_s + stage * kBr;
     const float* delta_t = delta_s + stage * kBr;
-    tile_delta<kBr, kPadded>(delta_s + stage * kBr, dyst, ys + stage * kBr * S);
     if constexpr (kHold) {
       if (it == 0) {
 #pragma unroll
@@ -642,7 +624,6 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // delta_t is complete
 
     float st[kQueryTiles][4], dpt[kQueryTiles][4];
     two_products<kPadded, kHold>(st, kf, ks, qst, dpt, vf, vs, dyst, warp * kWarpRows);
@@ -670,7 +651,10 @@ __global__ void __launch_bounds__(kThreads)
       pack_a(dsa, dpt, kk);
       mma_by_cols<kPadded>(dv, pa, dyst, dk, dsa, qst, kk * 16);
     }
-    if (threadIdx.x < kBr) norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
+    if (threadIdx.x < kBr) {
+      norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
+      delta_s[(stage ^ 1) * kBr + threadIdx.x] = delta_next;
+    }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
@@ -736,19 +720,14 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   load_tile<kTile, kPadded>(ks, kb, 0, T, kv_stride, Dh, vec);
   load_tile<kTile, kPadded>(vs, vb, 0, T, kv_stride, Dh, vec);
   cp_async_commit();
-  // The normalizer (+inf past T, so P = 0 there) and D of the thread's two rows, the quad's
-  // lanes splitting the head width of D.
+  // The normalizer (+inf past T, so P = 0 there) and D of the thread's two rows.
   float norm2[2], delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const bool valid = row[half] < T;
-    norm2[half] = valid ? rule.row_norm2((b * d.Hq + h) * T + row[half]) : INFINITY;
-    float sum = 0.0f;
-    if (valid) {
-      const int64_t off = q_off + row[half] * q_stride;
-      for (int c = tig; c < Dh; c += 4) sum = fmaf(bf16_load(a.y[off + c]), bf16_load(a.dy[off + c]), sum);
-    }
-    delta[half] = quad_sum(sum);
+    const int64_t r = (b * d.Hq + h) * T + row[half];
+    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
+    delta[half] = valid ? a.delta[r] : 0.0f;
   }
 
   uint32_t qf[kHold ? kChunks : 1][4], dyf[kHold ? kChunks : 1][4];
@@ -827,7 +806,7 @@ constexpr size_t forward_smem() {
 template <int kPadded>
 constexpr size_t dkdv_smem() {
   constexpr int kBr = kDkdvQueryTile<kPadded>;
-  return sizeof(uint16_t) * (2 * kTile + 6 * kBr) * kRowStride<kPadded> +
+  return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> +
          sizeof(float) * 4 * kBr;
 }
 template <int kPadded>
@@ -858,7 +837,8 @@ void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) 
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
-// The backward's two tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ.
+// The backward's two tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ. io.delta
+// holds D before they run (computed by the caller's row pass).
 template <int kPadded, class Rule>
 void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;

@@ -13,7 +13,7 @@
 //   - backward: the weights are F_pj = exp(E_pj − norm_p), norm_p = L_p − log g_p, and
 //     dU_pj = F_pj (dY_p · Ĩ_j − D_p) SiLU'(U_pj) with σ recomputed from the dot; the Self
 //     entry adds dU_pp p2_p to dp1_p, dU_jj p1_j to dp2_j and (1 − g_j) dY_j to dĨ_j.
-// A row pass before the tile passes stores norm_p and dR_pp per row and one partial of
+// A row pass before the tile passes stores norm_p, dR_pp and D_p per row and one partial of
 // dλ = Σ_p log(p+1) dR_pp per 64-row tile, summed in a fixed order by one block.
 #include <cmath>
 #include <cstdint>
@@ -48,6 +48,7 @@ struct BackwardWorkspace {
   double* partials;  // [B, H, tiles] Σ_p log(p+1) dR_pp over the tile's rows
   float* norm;       // [B, H, T] F_pj = exp(E_pj − norm_p) for j < p
   float* dr_self;    // [B, H, T] dR_pp
+  float* delta;      // [B, H, T] D_p = dY_p · Y_p, for the tile passes
 };
 
 BackwardWorkspace backward_workspace(const RelationBackwardArgs& a) {
@@ -57,6 +58,7 @@ BackwardWorkspace backward_workspace(const RelationBackwardArgs& a) {
   w.partials = static_cast<double*>(a.workspace);
   w.norm = reinterpret_cast<float*>(w.partials + relation_backward_partials(d.B, d.T, d.H));
   w.dr_self = w.norm + rows;
+  w.delta = w.dr_self + rows;
   return w;
 }
 
@@ -152,8 +154,8 @@ __device__ float quad_dot_bf16(const uint16_t* a, const uint16_t* b, int Dh, int
   return flash::quad_sum(s);
 }
 
-// Row terms of the backward. Grid (tiles, H, B), 4 threads per row. For each row p: norm_p and
-// the Self entry dR_pp = F_pp (dY_p · w_p − D_p) with F_pp = 1 − g_p, D_p = dY_p · Y_p and
+// Row terms of the backward. Grid (tiles, H, B), 4 threads per row. For each row p: norm_p, D_p
+// (the tile passes read it) and the Self entry dR_pp = F_pp (dY_p · w_p − D_p) with F_pp = 1 − g_p, D_p = dY_p · Y_p and
 // w_p = Ĩ_p (0 under exchange-only transport); the block's Σ log(p+1) dR_pp goes to its slot of
 // the partials.
 __global__ void __launch_bounds__(kRowThreads)
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(kRowThreads)
     const float dr_self = (1.0f - gate) * (dself - delta);
     w.norm[r] = norm;
     w.dr_self[r] = dr_self;
+    w.delta[r] = delta;
     part = static_cast<double>(log_count) * dr_self;
   }
   const double total = block_sum_double(part, scratch);
@@ -338,7 +341,7 @@ void launch_relation_backward(const RelationBackwardArgs& args, cudaStream_t str
   rule.stats_in = args.stats;
   rule.work = w;
   flash::launch_backward<kPadded>(
-      flash::BackwardIo{flash_dims(d), args.p1, args.p2, args.v, args.y, args.dy, args.dp1,
+      flash::BackwardIo{flash_dims(d), args.p1, args.p2, args.v, args.dy, w.delta, args.dp1,
                         args.dp2, args.dv},
       rule, stream);
 }

@@ -72,7 +72,7 @@ inline constexpr int kRelationTile = 64;
 inline constexpr int kRelationPadStep = 16;
 inline constexpr int kRelationMaxHeadDim = 128;
 
-// The backward's workspace: per-(b, h, query tile) partial sums of dλ (double), then two F32
+// The backward's workspace: per-(b, h, query tile) partial sums of dλ (double), then three F32
 // row terms per (b, h, p): the log-normalizer of the flow's historical entries
 // norm_p = L_p − log g_p, and the Self entry of dR, dR_pp.
 inline int64_t relation_tiles(int64_t T) { return (T + kRelationTile - 1) / kRelationTile; }
@@ -81,7 +81,7 @@ inline int64_t relation_backward_partials(int64_t B, int64_t T, int64_t H) {
 }
 inline int64_t relation_backward_workspace_bytes(int64_t B, int64_t T, int64_t H) {
   return static_cast<int64_t>(sizeof(double)) * relation_backward_partials(B, T, H) +
-         static_cast<int64_t>(sizeof(float)) * 2 * B * H * T;
+         static_cast<int64_t>(sizeof(float)) * 3 * B * H * T;
 }
 
 template <int kPadded>
