@@ -281,7 +281,8 @@ bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (
 std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Products) return "products";
   if (k.kind == AlgKernel::Kind::Gemv)
-    return fmt::format("gemv {}x{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols);
+    return fmt::format("gemv {}x{}{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols,
+                       k.split ? " split" : "");
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
 }
@@ -294,7 +295,10 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
     if (pass == ops::AlgPass::DW) out.push_back({AlgKernel::Kind::Fused, c, true});
   }
   if (pass == ops::AlgPass::Forward)
-    for (int c = 0; c < detail::kAlgGemvConfigCount; ++c) out.push_back({AlgKernel::Kind::Gemv, c});
+    for (int c = 0; c < detail::kAlgGemvConfigCount; ++c) {
+      out.push_back({AlgKernel::Kind::Gemv, c});
+      out.push_back({AlgKernel::Kind::Gemv, c, true});
+    }
   return out;
 }
 
@@ -349,10 +353,10 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
       d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
                                  Device::CUDA);
   } else {
-    // The few-row kernel has one block per tile: with few column tiles its reductions are split
-    // until about two blocks per multiprocessor run.
+    // The few-row kernel has one block per tile: with few column tiles its reductions may be
+    // split until about two blocks per multiprocessor run (AlgKernel::split).
     int64_t min_tiles = 0;
-    if (kernel.kind == AlgKernel::Kind::Gemv) {
+    if (kernel.kind == AlgKernel::Kind::Gemv && kernel.split) {
       int dev = 0, sms = 0;
       QV_CUDA_CHECK(cudaGetDevice(&dev));
       QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -486,7 +490,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
         known = true;
       } else if (kind == "gemv" && pass == ops::AlgPass::Forward && fused_vec_ == 8 && config >= 0 &&
                  config < detail::kAlgGemvConfigCount) {
-        best = {AlgKernel::Kind::Gemv, config};
+        best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
         known = true;
       }
     } catch (const std::exception&) {

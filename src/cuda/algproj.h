@@ -71,9 +71,10 @@ struct AlgKernel {
   enum class Kind { Products, Fused, Gemv };
   Kind kind = Kind::Fused;
   int config = 0;
-  // dW fused only: long row lists split into pieces (ops::plan_weight_pass). It pays where the
-  // diagonal blocks' tiles would run alone at the end and costs the slots' traffic elsewhere, so
-  // calibration times both.
+  // Extra splitting that pays at some shapes and costs slot traffic and a reduction kernel at
+  // others, so calibration times both: for the dW fused kernel, long row lists split into pieces
+  // (ops::plan_weight_pass); for the few-row kernel, reductions split until about two blocks per
+  // multiprocessor run (min_tiles of ops::plan_row_pass). Other kernels ignore it.
   bool split = false;
   bool operator==(const AlgKernel&) const = default;
 };
