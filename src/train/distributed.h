@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "train/optimizer.h"
 
 namespace quiver::train {
 
@@ -46,6 +47,27 @@ struct Bucket {
 // Gradient buckets (see the file comment); cap_bytes ≥ 1, counted as fp32 bytes. Every
 // parameter is in exactly one bucket.
 std::vector<Bucket> bucket_plan(const std::vector<model::ParamInfo>& table, int64_t cap_bytes);
+
+// How many buckets of `plan` are complete once every table entry from `first_final` on has its
+// final gradient (model::backward_stage_starts): plan order is reverse table order, so the
+// complete buckets are a prefix of the plan, those whose parameters all have index ≥ first_final.
+size_t buckets_complete(const std::vector<Bucket>& plan, size_t first_final);
+
+// ZeRO-1: rank `rank`'s part of the optimizer over a flat buffer of num_params elements.
+struct OptimizerShard {
+  std::vector<Range> shards;  // every rank's shard, in rank order: shard_ranges(num_params, world, kParamAlign)
+  Range range;                // this rank's, shards[rank]
+  // The optimizer's segments intersected with `range`, with offsets relative to range.begin (so
+  // they index the shard's own m and v); flags kept, empty intersections dropped. Alignment gaps
+  // lie in no segment, so they stay outside every shard's segments too.
+  std::vector<ParamSegment> segments;
+};
+// Errors name a rank outside [0, world) and segments that overlap or leave the buffer.
+OptimizerShard optimizer_shard(std::vector<ParamSegment> segments, int64_t num_params, int rank, int world);
+
+// The parts of `range` in each shard, in rank order: range ∩ shards[r], an empty range where
+// they do not meet. These are the pieces of a bucket's reduce-scatter, one per owner.
+std::vector<Range> split_by_shards(Range range, const std::vector<Range>& shards);
 
 // Rank r's rows of a global micro-batch of `global_batch` rows; an error unless world divides
 // it (naming both).
