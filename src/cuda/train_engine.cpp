@@ -70,7 +70,8 @@ class CudaEngine final : public train::Engine {
       comm_->group_end();
     }
     model_.timer().mark("optimizer (clip, AdamW, bf16 copy)", s);
-    clip_grad_norm(model_.grads(), segments_, clip, norm_, s);
+    grad_square_sum(model_.grads(), segments_, s);
+    clip_to_norm(model_.grads(), segments_, clip, norm_, s);
     ++step_;
     adamw_step(model_.params(), model_.grads(), m_, v_, segments_, adam_.options(), lr, step_, s);
     model_.params_changed();
