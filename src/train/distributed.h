@@ -9,15 +9,19 @@
 //
 // Gradients: buckets of whole parameter tensors in reverse table order (the backward finishes
 // the last layers first), each at most cap bytes of fp32 (a larger tensor is a bucket of its
-// own), meant to be all-reduced as soon as the backward has produced them (today's engine
-// all-reduces them after the whole backward). The flat table is contiguous, so every bucket is
-// one range of the flat gradient buffer.
+// own). The flat table is contiguous, so every bucket is one range of the flat gradient buffer.
+// During the backward of a step's last micro-batch, each bucket is reduced as soon as the
+// backward has finished all its gradients (buckets_complete), overlapping the rest of the
+// backward.
 //
-// Optimizer state (ZeRO-1, not used yet): rank r would keep AdamW's m and v only for its
-// contiguous shard of the flat buffer (shard_ranges), update those parameters and all-gather the
-// updated shards; before a checkpoint the shards would be gathered into the full m and v, so
-// checkpoints keep the single-device layout. Today's engine (cuda/train_engine.cpp) keeps the
-// whole state on every rank and all-reduces the buckets after the backward.
+// Optimizer state (ZeRO-1): rank r keeps AdamW's m and v only for its contiguous shard of the
+// flat buffer (shard_ranges; optimizer_shard gives the optimizer's segments inside it). A
+// bucket's reduction is a reduce-scatter over the parts of the bucket in each rank's shard
+// (split_by_shards): each rank ends with the mean gradient of its shard, clips with the global
+// norm (the shards' squared norms summed over the ranks), updates its shard, and the updated
+// shards are all-gathered. Before a checkpoint the shards of m and v are gathered into the
+// full state, so checkpoints keep the single-device layout; a resumed rank takes its shard of
+// the full state, whatever the number of ranks that wrote it.
 #pragma once
 #include <chrono>
 #include <cstdint>

@@ -122,7 +122,7 @@ void run_bench(const ModelBenchArgs& a) {
       }
     auto step = [&] {
       engine->zero_grads();
-      engine->forward_backward(x.data(), y.data(), B, T, 1.0f);
+      engine->forward_backward(x.data(), y.data(), B, T, 1.0f, true);
       return engine->optimizer_step(3e-4, 1.0);  // waits for the device
     };
     Clock::time_point t0 = Clock::now();
