@@ -42,6 +42,9 @@ TEST(TrainGpusCli, RefusesBeforeStartingRanks) {
   r = qt::run_cli(kArgs + "--gpus 2 --device cuda --micro-batch 3", dir);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("must be divisible by the 2 ranks (--gpus 2 × --nodes 1)"), std::string::npos) << r.err;
+  r = qt::run_cli(kArgs + "--gpus 2 --device cuda --micro-batch 8 --bucket-mb 0", dir);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--bucket-mb must be in (0, 1048576], got 0"), std::string::npos) << r.err;
 }
 
 TEST(TrainGpusCli, SeveralHostsNeedARendezvousAndTheirIndex) {

@@ -1,5 +1,8 @@
 // The device-independent parts of data-parallel training (train/distributed.h): ZeRO-1
-// shards, gradient buckets, the division of the global batch, and both rendezvous.
+// shards and the optimizer segments in them, gradient buckets and when the backward completes
+// them, the parts of a bucket's reduce-scatter, the optimizer state of a ZeRO-1 run on the CPU
+// against whole AdamW across world sizes (what checkpoints and resume rely on), the division of
+// the global batch, and both rendezvous.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -8,16 +11,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "model/config.h"
 #include "model/model.h"
 #include "quiver/error.h"
+#include "quiver/rng.h"
 #include "testing.h"
 #include "train/distributed.h"
+#include "train/optimizer.h"
 #include "train/trainer.h"
 
 using namespace quiver;
@@ -52,6 +62,273 @@ TEST(Distributed, ShardsCoverTheBufferAlignedAndBalanced) {
       if (world > 2) EXPECT_LE(largest - smallest, 64) << "P " << P << " world " << world;
     }
   EXPECT_THROW(shard_ranges(10, 0), Error);
+}
+
+// Every parameter kind and flag: attention and both Relation mixers with biases, a frozen λ, an
+// untied head, learned positions and LayerNorm (two-tensor norms); alignment gaps throughout.
+model::ModelConfig varied_config() {
+  return model::config_from_json(nlohmann::json{{"name", "dist-test-varied"}, {"vocab_size", 50}, {"context", 16},
+                                                {"d_model", 16}, {"n_heads", 2}, {"n_layers", 4},
+                                                {"pattern", "AFLF"}, {"attn_bias", true}, {"tied_head", false},
+                                                {"positions", "learned"}, {"norm", "layernorm"},
+                                                {"relation", {{"lambda_frozen", true}}},
+                                                {"ffn", {{"kind", "swiglu"}, {"width", 32}, {"bias", true}}}});
+}
+
+std::vector<ParamSegment> segments_of(const std::vector<model::ParamInfo>& table) {
+  std::vector<ParamSegment> out;
+  for (const model::ParamInfo& p : table) out.push_back({p.offset, p.numel, p.decay, p.trainable});
+  return out;
+}
+
+int64_t flat_size(const std::vector<model::ParamInfo>& table) { return table.back().offset + table.back().numel; }
+
+// What the optimizer does to each element: -1 nothing (a gap), else 2·decay + trainable.
+std::vector<int> element_roles(const std::vector<ParamSegment>& segments, int64_t base, int64_t n) {
+  std::vector<int> roles(static_cast<size_t>(n), -1);
+  for (const ParamSegment& s : segments)
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+      EXPECT_EQ(roles[base + i], -1) << "element " << base + i << " is in two segments";
+      roles[base + i] = (s.decay ? 2 : 0) + (s.trainable ? 1 : 0);
+    }
+  return roles;
+}
+
+TEST(Distributed, OptimizerShardsSplitTheSegmentsExactly) {
+  for (const model::ModelConfig& cfg : {hybrid_config(), varied_config()}) {
+    const std::vector<model::ParamInfo> table = model::param_table(cfg);
+    const std::vector<ParamSegment> segments = segments_of(table);
+    const int64_t P = flat_size(table);
+    const std::vector<int> whole = element_roles(segments, 0, P);
+    ASSERT_TRUE(std::count(whole.begin(), whole.end(), -1) > 0) << "the table has alignment gaps";
+    ASSERT_TRUE(std::count(whole.begin(), whole.end(), 1) > 0) << "the table has parameters without decay";
+    ASSERT_TRUE(std::count(whole.begin(), whole.end(), 3) > 0) << "the table has parameters with decay";
+    if (cfg.relation.lambda_frozen)
+      ASSERT_TRUE(std::count(whole.begin(), whole.end(), 0) > 0) << "the table has a frozen parameter";
+    for (int world : {1, 2, 3, 5, 8}) {
+      SCOPED_TRACE(cfg.name + ", world " + std::to_string(world));
+      std::vector<int> joined(static_cast<size_t>(P), -1);
+      for (int r = 0; r < world; ++r) {
+        const OptimizerShard shard = optimizer_shard(segments, P, r, world);
+        const std::vector<Range> expected = shard_ranges(P, world, model::kParamAlign);
+        ASSERT_EQ(shard.shards.size(), expected.size());
+        for (size_t k = 0; k < expected.size(); ++k) {
+          EXPECT_EQ(shard.shards[k].begin, expected[k].begin);
+          EXPECT_EQ(shard.shards[k].end, expected[k].end);
+        }
+        EXPECT_EQ(shard.range.begin, expected[r].begin);
+        EXPECT_EQ(shard.range.end, expected[r].end);
+        int64_t previous_end = 0;
+        for (const ParamSegment& s : shard.segments) {
+          EXPECT_GE(s.offset, previous_end) << "sorted and disjoint";
+          EXPECT_GT(s.numel, 0) << "no empty segments";
+          EXPECT_LE(s.offset + s.numel, shard.range.size()) << "inside the shard, relative to its start";
+          previous_end = s.offset + s.numel;
+        }
+        const std::vector<int> mine = element_roles(shard.segments, shard.range.begin, P);
+        for (int64_t i = 0; i < P; ++i)
+          if (mine[i] != -1) {
+            EXPECT_EQ(joined[i], -1) << "element " << i << " is in two shards";
+            joined[i] = mine[i];
+          }
+      }
+      EXPECT_EQ(joined, whole) << "the shards' segments, put back, are the optimizer's segments";
+    }
+    const OptimizerShard one = optimizer_shard(segments, P, 0, 1);
+    ASSERT_EQ(one.segments.size(), segments.size());
+    for (size_t k = 0; k < segments.size(); ++k) {
+      EXPECT_EQ(one.segments[k].offset, segments[k].offset);
+      EXPECT_EQ(one.segments[k].numel, segments[k].numel);
+    }
+  }
+  const std::vector<ParamSegment> overlapping = {{0, 100, true, true}, {64, 100, false, true}};
+  EXPECT_THROW(optimizer_shard(overlapping, 1000, 0, 2), Error);
+  EXPECT_THROW(optimizer_shard({{0, 100, true, true}}, 64, 0, 2), Error);  // outside the buffer
+  EXPECT_THROW(optimizer_shard({}, 1000, 2, 2), Error);
+  EXPECT_THROW(optimizer_shard({}, 1000, -1, 2), Error);
+}
+
+// A bucket's reduce-scatter sends each owner its part: the parts, in rank order, are the
+// bucket cut at the shards' boundaries, each inside its owner's shard.
+TEST(Distributed, BucketPartsAreTheBucketCutAtTheShardBoundaries) {
+  const std::vector<model::ParamInfo> table = model::param_table(varied_config());
+  const int64_t P = flat_size(table);
+  Rng rng(5);
+  for (int world : {1, 2, 3, 7}) {
+    const std::vector<Range> shards = shard_ranges(P, world, model::kParamAlign);
+    std::vector<Range> ranges;
+    for (int64_t cap : {int64_t{1}, int64_t{2048}, int64_t{1} << 30})
+      for (const Bucket& b : bucket_plan(table, cap)) ranges.push_back(b.range);
+    for (int k = 0; k < 50; ++k) {
+      const int64_t a = static_cast<int64_t>(rng.below(static_cast<uint64_t>(P + 1)));
+      const int64_t e = static_cast<int64_t>(rng.below(static_cast<uint64_t>(P + 1)));
+      ranges.push_back({std::min(a, e), std::max(a, e)});
+    }
+    for (const Range& range : ranges) {
+      SCOPED_TRACE(fmt::format("world {}, range [{}, {})", world, range.begin, range.end));
+      const std::vector<Range> parts = split_by_shards(range, shards);
+      ASSERT_EQ(parts.size(), shards.size());
+      int64_t at = range.begin, owners = 0;
+      for (size_t r = 0; r < parts.size(); ++r) {
+        if (parts[r].size() == 0) continue;
+        ++owners;
+        EXPECT_EQ(parts[r].begin, at) << "contiguous, in rank order";
+        EXPECT_GE(parts[r].begin, shards[r].begin);
+        EXPECT_LE(parts[r].end, shards[r].end);
+        at = parts[r].end;
+      }
+      EXPECT_EQ(at, range.end) << "the parts cover the range";
+      int64_t touched = 0;  // shards the range meets
+      for (const Range& s : shards) touched += std::min(range.end, s.end) > std::max(range.begin, s.begin);
+      EXPECT_EQ(owners, touched);
+    }
+  }
+  EXPECT_THROW(split_by_shards({5, 3}, shard_ranges(100, 2)), Error);
+}
+
+// Which backward stage finishes a parameter's gradient, from its name alone: the head and the
+// final norm first, then the layers from the last, then the embeddings.
+size_t stage_of(const std::string& name, int64_t layers) {
+  if (name == "head" || name.rfind("norm_f.", 0) == 0) return 0;
+  if (name.rfind("layers.", 0) == 0) return 1 + static_cast<size_t>(layers - 1 - std::stoll(name.substr(7)));
+  return static_cast<size_t>(layers) + 1;
+}
+
+TEST(Distributed, BackwardStagesRunFromTheTablesEnd) {
+  for (const model::ModelConfig& cfg : {hybrid_config(), varied_config()}) {
+    const std::vector<model::ParamInfo> table = model::param_table(cfg);
+    const std::vector<size_t> starts = model::backward_stage_starts(cfg);
+    ASSERT_EQ(starts.size(), static_cast<size_t>(cfg.n_layers) + 2) << cfg.name;
+    EXPECT_EQ(starts.back(), 0u);
+    for (size_t s = 0; s < starts.size(); ++s)
+      for (size_t k = 0; k < table.size(); ++k)
+        EXPECT_EQ(k >= starts[s], stage_of(table[k].name, cfg.n_layers) <= s)
+            << cfg.name << ": " << table[k].name << " after stage " << s;
+  }
+}
+
+// Buckets are reduced when the backward has finished them: at each stage's report, the newly
+// complete buckets hold only gradients that are final, and a bucket waits for no stage after
+// its last parameter's (the earliest overlap); by the last stage every bucket is complete.
+TEST(Distributed, BucketsCompleteAsTheBackwardFinishesThem) {
+  for (const model::ModelConfig& cfg : {hybrid_config(), varied_config()}) {
+    const std::vector<model::ParamInfo> table = model::param_table(cfg);
+    const std::vector<size_t> starts = model::backward_stage_starts(cfg);
+    for (int64_t cap : {int64_t{1}, int64_t{4096}, int64_t{1} << 14, int64_t{1} << 30}) {
+      SCOPED_TRACE(cfg.name + ", cap " + std::to_string(cap));
+      const std::vector<Bucket> plan = bucket_plan(table, cap);
+      EXPECT_EQ(buckets_complete(plan, table.size()), 0u) << "nothing is final before the backward";
+      size_t reduced = 0;
+      for (size_t s = 0; s < starts.size(); ++s) {
+        const size_t complete = buckets_complete(plan, starts[s]);
+        EXPECT_GE(complete, reduced);
+        for (size_t b = reduced; b < complete; ++b) {
+          size_t last_stage = 0;
+          for (size_t k : plan[b].params) last_stage = std::max(last_stage, stage_of(table[k].name, cfg.n_layers));
+          EXPECT_EQ(last_stage, s) << "bucket " << b << " completes at the stage of its last gradient";
+        }
+        reduced = std::max(reduced, complete);
+      }
+      EXPECT_EQ(reduced, plan.size());
+    }
+  }
+}
+
+// ZeRO-1 on the CPU: each rank runs AdamW on its shard (optimizer_shard's segments, the shard's
+// own m and v) of one parameter buffer. Without clipping AdamW is elementwise, so any world size
+// must give the single-device parameters and moments bit for bit. A state gathered at world 2
+// (what a checkpoint holds) and taken apart again at world 1 or 3 (what resume does) continues
+// exactly as the uninterrupted single-device run.
+TEST(Distributed, ZeroOneStateMovesBetweenWorldSizesExactly) {
+  const std::vector<model::ParamInfo> table = model::param_table(varied_config());
+  const std::vector<ParamSegment> segments = segments_of(table);
+  const int64_t P = flat_size(table);
+  AdamWOptions options;
+  options.weight_decay = 0.1;
+  Rng rng(9);
+  Tensor initial = Tensor::empty({P}, DType::F32);
+  rng.fill_normal(initial, 0.0, 0.5);
+  std::vector<Tensor> grads;
+  for (int step = 0; step < 4; ++step) {
+    grads.push_back(Tensor::empty({P}, DType::F32));
+    rng.fill_normal(grads.back(), 0.0, 0.1);
+  }
+  const double lrs[] = {1e-2, 3e-3, 5e-3, 1e-3};
+
+  // The single-device run.
+  Tensor want = initial.clone();
+  AdamW whole(segments, P, options);
+  Tensor want_m2, want_v2;
+  for (int step = 0; step < 4; ++step) {
+    whole.step(want.data<float>(), grads[step].data<float>(), lrs[step]);
+    if (step == 1) {
+      want_m2 = whole.m().clone();
+      want_v2 = whole.v().clone();
+    }
+  }
+
+  // `world` ranks continue from the full state (m, v, steps taken) over steps [first, last).
+  struct State {
+    Tensor params, m, v;
+  };
+  auto run_sharded = [&](State start, int world, int first, int last) {
+    std::vector<std::unique_ptr<AdamW>> ranks;
+    std::vector<OptimizerShard> shards;
+    for (int r = 0; r < world; ++r) {
+      shards.push_back(optimizer_shard(segments, P, r, world));
+      const Range range = shards.back().range;
+      ranks.push_back(std::make_unique<AdamW>(shards.back().segments, range.size(), options));
+      ranks.back()->m().copy_from(start.m.slice(0, range.begin, range.end));
+      ranks.back()->v().copy_from(start.v.slice(0, range.begin, range.end));
+      ranks.back()->set_steps_taken(first);
+    }
+    for (int step = first; step < last; ++step)
+      for (int r = 0; r < world; ++r) {
+        const Range range = shards[r].range;
+        ranks[r]->step(start.params.data<float>() + range.begin, grads[step].data<float>() + range.begin, lrs[step]);
+      }
+    for (int r = 0; r < world; ++r) {  // the gather before a checkpoint
+      const Range range = shards[r].range;
+      start.m.slice(0, range.begin, range.end).copy_from(ranks[r]->m());
+      start.v.slice(0, range.begin, range.end).copy_from(ranks[r]->v());
+    }
+    return start;
+  };
+  auto same_bits = [](const Tensor& a, const Tensor& b) {
+    return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  const State fresh{initial.clone(), Tensor::zeros({P}, DType::F32), Tensor::zeros({P}, DType::F32)};
+  const State saved = run_sharded(fresh, 2, 0, 2);
+  EXPECT_TRUE(same_bits(saved.m, want_m2)) << "m gathered at world 2";
+  EXPECT_TRUE(same_bits(saved.v, want_v2)) << "v gathered at world 2";
+  EXPECT_FALSE(same_bits(saved.params, initial)) << "the steps changed the parameters";
+  for (int world : {1, 2, 3}) {
+    const State resumed = run_sharded({saved.params.clone(), saved.m.clone(), saved.v.clone()}, world, 2, 4);
+    EXPECT_TRUE(same_bits(resumed.params, want)) << "parameters, resumed at world " << world;
+    EXPECT_TRUE(same_bits(resumed.m, whole.m())) << "m, resumed at world " << world;
+    EXPECT_TRUE(same_bits(resumed.v, whole.v())) << "v, resumed at world " << world;
+  }
+}
+
+// Clipping uses the global norm: the shards' squared norms, summed over the ranks, are the
+// whole buffer's (up to the order of the sum).
+TEST(Distributed, ShardNormsAddUpToTheGlobalNorm) {
+  const std::vector<model::ParamInfo> table = model::param_table(varied_config());
+  const std::vector<ParamSegment> segments = segments_of(table);
+  const int64_t P = flat_size(table);
+  Rng rng(13);
+  Tensor g = Tensor::empty({P}, DType::F32);
+  rng.fill_normal(g, 0.0, 1.0);
+  const double norm = grad_norm(g.data<float>(), segments);
+  for (int world : {2, 3, 8}) {
+    double sum = 0;
+    for (int r = 0; r < world; ++r) {
+      const OptimizerShard shard = optimizer_shard(segments, P, r, world);
+      const double part = grad_norm(g.data<float>() + shard.range.begin, shard.segments);
+      sum += part * part;
+    }
+    EXPECT_NEAR(std::sqrt(sum), norm, 1e-12 * norm) << "world " << world;
+  }
 }
 
 TEST(Distributed, BucketsHoldEveryParameterOnceInBackwardOrder) {

@@ -550,21 +550,28 @@ namespace {
 // A training device that records the token rows each micro-batch hands it (and trains on the
 // CPU): what a rank of a data-parallel run is given.
 std::vector<std::vector<int32_t>> g_rows_seen;
+std::vector<bool> g_last_seen;  // the `last` flag of each micro-batch
+int g_syncs = 0;                // sync_to_host calls
 
 class RecordingEngine final : public Engine {
  public:
   RecordingEngine(model::Model& m, AdamW& a) : cpu_(make_cpu_engine(m, a)) {}
   std::string description() const override { return "recorder"; }
   void zero_grads() override { cpu_->zero_grads(); }
-  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float scale) override {
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float scale,
+                        bool last) override {
     g_rows_seen.emplace_back(tokens, tokens + B * T);
-    cpu_->forward_backward(tokens, targets, B, T, scale);
+    g_last_seen.push_back(last);
+    cpu_->forward_backward(tokens, targets, B, T, scale, last);
   }
   StepResult optimizer_step(double lr, double clip) override { return cpu_->optimizer_step(lr, clip); }
   double forward_loss(const int32_t* x, const int32_t* y, int64_t B, int64_t T) override {
     return cpu_->forward_loss(x, y, B, T);
   }
-  void sync_to_host() override { cpu_->sync_to_host(); }
+  void sync_to_host() override {
+    ++g_syncs;
+    cpu_->sync_to_host();
+  }
 
  private:
   std::unique_ptr<Engine> cpu_;
@@ -585,12 +592,20 @@ TEST_F(TrainerTest, DataParallelRanksSplitTheGlobalMicroBatchAndOnlyRankZeroWrit
     o.steps = 3;
     o.parallel = {rank, world, ""};
     g_rows_seen.clear();
+    g_last_seen.clear();
+    g_syncs = 0;
     run_training(o);
-    return g_rows_seen;
+    // Only each step's last micro-batch is marked (accum 2), and every rank syncs its state for
+    // each checkpoint (a collective for a sharded optimizer), not only the rank that writes.
+    EXPECT_EQ(g_last_seen, std::vector<bool>({false, true, false, true, false, true})) << "rank " << rank;
+    EXPECT_GE(g_syncs, 1) << "rank " << rank;
+    return std::make_pair(g_rows_seen, g_syncs);
   };
-  const auto whole = run_as("one", 0, 1);
-  const auto rank0 = run_as("r0", 0, 2);
-  const auto rank1 = run_as("r1", 1, 2);
+  const auto [whole, whole_syncs] = run_as("one", 0, 1);
+  const auto [rank0, rank0_syncs] = run_as("r0", 0, 2);
+  const auto [rank1, rank1_syncs] = run_as("r1", 1, 2);
+  EXPECT_EQ(rank0_syncs, whole_syncs);
+  EXPECT_EQ(rank1_syncs, rank0_syncs);
   ASSERT_EQ(whole.size(), 3u * 2u);  // steps × accum micro-batches
   ASSERT_EQ(rank0.size(), whole.size());
   ASSERT_EQ(rank1.size(), whole.size());

@@ -41,17 +41,20 @@ __global__ void grad_square_sum_kernel(const float* grads, const SegmentDesc* se
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-// Pass 2 (one block of kGradNormBlocks-many-or-more threads): norm = √Σ partial, in a fixed
-// order; scratch[kGradNormBlocks] = norm, scratch[kGradNormBlocks + 1] = clipping scale.
-__global__ void grad_norm_finish_kernel(double* scratch, double max_norm, float* norm_out) {
+// Pass 2 (one block of kGradNormBlocks-many-or-more threads): scratch[kGradNormSum] = Σ partial,
+// in a fixed order.
+__global__ void grad_sum_finish_kernel(double* scratch) {
   __shared__ double reduce[32];
   const double v = threadIdx.x < kGradNormBlocks ? scratch[threadIdx.x] : 0.0;
-  const double norm = sqrt(block_sum_double(v, reduce));
-  if (threadIdx.x == 0) {
-    scratch[kGradNormBlocks] = norm;
-    scratch[kGradNormBlocks + 1] = (max_norm > 0 && norm > max_norm) ? max_norm / norm : 1.0;
-    norm_out[0] = static_cast<float>(norm);
-  }
+  const double sum = block_sum_double(v, reduce);
+  if (threadIdx.x == 0) scratch[kGradNormSum] = sum;
+}
+
+// One thread: norm = √Σ g² and the clipping scale (scratch[kGradNormSum + 1]).
+__global__ void clip_scale_kernel(double* scratch, double max_norm, float* norm_out) {
+  const double norm = sqrt(scratch[kGradNormSum]);
+  scratch[kGradNormSum + 1] = (max_norm > 0 && norm > max_norm) ? max_norm / norm : 1.0;
+  norm_out[0] = static_cast<float>(norm);
 }
 
 // Pass 3: grads ← float(grads · scale) over trainable elements, when scale ≠ 1.
@@ -87,19 +90,24 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
 
 }  // namespace
 
-void launch_grad_norm_clip(float* grads, const SegmentDesc* segments, int num_segments,
-                           int64_t extent, double max_norm, double* scratch, float* norm_out,
-                           cudaStream_t stream) {
-  grad_square_sum_kernel<<<kGradNormBlocks, kThreads, 0, stream>>>(grads, segments, num_segments,
-                                                                   extent, scratch);
+void launch_grad_square_sum(const float* grads, const SegmentDesc* segments, int num_segments,
+                            int64_t extent, double* scratch, cudaStream_t stream) {
+  grad_square_sum_kernel<<<kGradNormBlocks, kThreads, 0, stream>>>(grads, segments, num_segments, extent,
+                                                                   scratch);
   QV_CUDA_CHECK(cudaGetLastError());
   static_assert(kGradNormBlocks <= 1024, "the finishing kernel sums the partials in one block");
   constexpr int finish_threads = (kGradNormBlocks + 31) / 32 * 32;
-  grad_norm_finish_kernel<<<1, finish_threads, 0, stream>>>(scratch, max_norm, norm_out);
+  grad_sum_finish_kernel<<<1, finish_threads, 0, stream>>>(scratch);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_clip_to_norm(float* grads, const SegmentDesc* segments, int num_segments, int64_t extent,
+                         double max_norm, double* scratch, float* norm_out, cudaStream_t stream) {
+  clip_scale_kernel<<<1, 1, 0, stream>>>(scratch, max_norm, norm_out);
   QV_CUDA_CHECK(cudaGetLastError());
   if (extent > 0) {
-    grad_scale_kernel<<<grid_for(extent, kThreads), kThreads, 0, stream>>>(
-        grads, segments, num_segments, extent, scratch + kGradNormBlocks + 1);
+    grad_scale_kernel<<<grid_for(extent, kThreads), kThreads, 0, stream>>>(grads, segments, num_segments, extent,
+                                                                          scratch + kGradNormSum + 1);
     QV_CUDA_CHECK(cudaGetLastError());
   }
 }

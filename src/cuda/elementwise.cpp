@@ -311,15 +311,26 @@ DeviceParamSegments::DeviceParamSegments(std::vector<train::ParamSegment> segmen
   scratch_ = Tensor::zeros({detail::kGradNormScratch}, DType::F64, Device::CUDA);
 }
 
-void clip_grad_norm(Tensor& grads, const DeviceParamSegments& segments, double max_norm,
-                    Tensor& norm, cudaStream_t stream) {
-  const char* op = "cuda::clip_grad_norm";
+double* DeviceParamSegments::square_sum() const { return scratch() + detail::kGradNormSum; }
+
+void grad_square_sum(const Tensor& grads, const DeviceParamSegments& segments, cudaStream_t stream) {
+  const char* op = "cuda::grad_square_sum";
+  check_vector(grads, segments.num_params(), DType::F32, op, "grads");
+  detail::launch_grad_square_sum(f32_in(grads), static_cast<const detail::SegmentDesc*>(segments.device_table()),
+                                 static_cast<int>(segments.segments().size()), segments.extent(),
+                                 segments.scratch(), stream);
+}
+
+void clip_to_norm(Tensor& grads, const DeviceParamSegments& segments, double max_norm, Tensor& norm,
+                  cudaStream_t stream) {
+  const char* op = "cuda::clip_to_norm";
   check_vector(grads, segments.num_params(), DType::F32, op, "grads");
   check_count(norm, 1, DType::F32, op, "norm");
-  detail::launch_grad_norm_clip(
-      f32_out(grads), static_cast<const detail::SegmentDesc*>(segments.device_table()),
-      static_cast<int>(segments.segments().size()), segments.extent(), max_norm,
-      segments.scratch(), f32_out(norm), stream);
+  QV_CHECK(max_norm >= 0 && std::isfinite(max_norm), "{}: max_norm must be finite and ≥ 0 (0 = off), got {}", op,
+           max_norm);
+  detail::launch_clip_to_norm(f32_out(grads), static_cast<const detail::SegmentDesc*>(segments.device_table()),
+                              static_cast<int>(segments.segments().size()), segments.extent(), max_norm,
+                              segments.scratch(), f32_out(norm), stream);
 }
 
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,

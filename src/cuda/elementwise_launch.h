@@ -69,15 +69,18 @@ struct SegmentDesc {
 
 // Fixed grid of the gradient-norm reduction: its partial sums need this many doubles.
 inline constexpr int kGradNormBlocks = 264;
-// Scratch the gradient-norm launch needs: kGradNormBlocks partials, then norm and scale.
+// Scratch of the gradient-norm launches: kGradNormBlocks partials, then Σ g² (at
+// kGradNormSum) and the clipping scale.
+inline constexpr int kGradNormSum = kGradNormBlocks;
 inline constexpr int kGradNormScratch = kGradNormBlocks + 2;
 
-// Deterministic global norm over the trainable segments in [0, extent): writes norm (fp32) to
-// norm_out[0], and scales the trainable grads by max_norm / norm when max_norm > 0 and
-// norm > max_norm. scratch holds kGradNormScratch doubles.
-void launch_grad_norm_clip(float* grads, const SegmentDesc* segments, int num_segments,
-                           int64_t extent, double max_norm, double* scratch, float* norm_out,
-                           cudaStream_t stream);
+// Deterministic Σ g² over the trainable segments in [0, extent) into scratch[kGradNormSum].
+void launch_grad_square_sum(const float* grads, const SegmentDesc* segments, int num_segments,
+                            int64_t extent, double* scratch, cudaStream_t stream);
+// norm = √scratch[kGradNormSum] to norm_out[0] (fp32); scales the trainable grads by
+// max_norm / norm when max_norm > 0 and norm > max_norm.
+void launch_clip_to_norm(float* grads, const SegmentDesc* segments, int num_segments, int64_t extent,
+                         double max_norm, double* scratch, float* norm_out, cudaStream_t stream);
 
 // One AdamW update over the trainable segments; the constants are computed on the host in
 // double exactly as train::AdamW::step does.

@@ -290,6 +290,7 @@ GpuModel::GpuModel(model::ModelConfig cfg) : cfg_(std::move(cfg)) {
   QV_CHECK(device_count() > 0, "the GPU model needs a CUDA device, and none was found");
   register_backend();
   table_ = model::param_table(cfg_);
+  stage_starts_ = model::backward_stage_starts(cfg_);
   const int64_t P = table_.empty() ? 0 : table_.back().offset + table_.back().numel;
   QV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   params_ = Tensor::zeros({P}, DType::F32, Device::CUDA);
@@ -763,7 +764,7 @@ Tensor GpuModel::forward_logits(const int32_t* tokens, int64_t B, int64_t T) {
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-void GpuModel::backward(Acts& A) {
+void GpuModel::backward(Acts& A, const GradientsFinal& on_final) {
   const int64_t B = A.B, T = A.T, N = B * T, D = cfg_.d_model, H = cfg_.n_heads, Dh = cfg_.head_dim();
   const int64_t Hkv = cfg_.kv_heads(), V = cfg_.vocab_size;
   const bool rope = cfg_.positions == "rope";
@@ -775,6 +776,11 @@ void GpuModel::backward(Acts& A) {
   const std::vector<int>& types = A.row_types;
 
   auto mark = [&](const char* label) { timer_.mark(label, s); };
+  size_t stage = 0;  // the next entry of stage_starts_ to report
+  auto stage_done = [&] {
+    if (on_final) on_final(stage_starts_.at(stage));
+    ++stage;
+  };
   mark("bwd head");
   const int64_t Vp = padded_vocab(V);
   if (cfg_.tied_head) {
@@ -797,6 +803,7 @@ void GpuModel::backward(Acts& A) {
   }
   mark("bwd norm");
   norm_backward(cfg_, A.dh, A.x_final, norm_f_w_, norm_f_b_, A.mean_f, A.rstd_f, A.dx, s);
+  stage_done();  // the head and the final norm
 
   // Backward of an FFN projection into dx (assigned, or accumulated through dtmp).
   auto ffn_back = [&](const Tensor& dy, const Tensor& x, const DeviceParam& w, const DeviceParam& b,
@@ -909,6 +916,7 @@ void GpuModel::backward(Acts& A) {
     norm_backward(cfg_, A.dh, a.x_in, L.norm1_w, L.norm1_b, a.mean1, a.rstd1, A.dtmp, s);
     mark("bwd residual adds");
     detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_in
+    stage_done();  // layer l
   }
   mark("bwd embedding");
 
@@ -916,17 +924,20 @@ void GpuModel::backward(Acts& A) {
   embedding_backward_accumulate(ints(A.tokens), N, A.dx, demb, s);
   if (!rope) detail::launch_position_backward(bf16(A.dx), B, T, D, f32(pos_emb_.grad), s);
   timer_.stop(s);
+  stage_done();  // the embeddings
+  QV_CHECK(stage == stage_starts_.size(), "GpuModel::backward reported {} of its {} stages", stage,
+           stage_starts_.size());
 }
 
 void GpuModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                                float grad_scale) {
+                                float grad_scale, const GradientsFinal& on_final) {
   ensure_acts(B, T, true);
   Acts& A = *train_acts_;
   upload_tokens(tokens, targets, B * T, A);
   forward(A, Mode::Train, nullptr);
   head_and_loss(A, true, grad_scale);
   detail::launch_add_f32(f32(loss_sum_), f32(A.loss), 1, stream_);
-  backward(A);
+  backward(A, on_final);
 }
 
 double GpuModel::take_loss_sum() {

@@ -20,7 +20,10 @@
 // shape and reused; a new shape frees the old buffers first.
 //
 // Gradient contract (as the CPU model): forward_backward ACCUMULATES grad_scale · dLoss/dθ into
-// grads(); zero_grads() clears them once per update. A frozen λ receives no gradient.
+// grads(); zero_grads() clears them once per update. A frozen λ receives no gradient. The
+// backward finishes the gradients in the stages of model::backward_stage_starts and tells its
+// caller as it enqueues the end of each one (GradientsFinal), so that a data-parallel engine can
+// start reducing finished gradients on another stream while the backward goes on.
 //
 // Decoding: new_decode_state() allocates the caches (KV for A, the Relation Cache for F, the
 // fp32 state C for L) and the step's rows; prefill() runs the parallel forward over the prompt
@@ -30,6 +33,7 @@
 // (the generator in cuda/generate.h does this, one graph per algebraic row type).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -79,11 +83,18 @@ class GpuModel {
   void params_changed();
   void zero_grads();
 
+  // Called on the host during backward, right after the work of a backward stage has been
+  // enqueued on stream(): once the stream has run up to this point (an event recorded now),
+  // the gradient of every table entry from `first_final` on is final for this micro-batch, and
+  // nothing later in the backward reads or writes it. first_final takes the values of
+  // model::backward_stage_starts in order, ending with 0.
+  using GradientsFinal = std::function<void(size_t first_final)>;
   // Enqueues the forward and backward of one micro-batch: tokens, targets are host arrays of
   // B·T ids (targets < 0 ignored; ids are checked against the vocabulary on the host). Adds
-  // the batch's mean loss to the device loss sum. 1 ≤ T ≤ context.
+  // the batch's mean loss to the device loss sum. 1 ≤ T ≤ context. on_final (optional): see
+  // GradientsFinal.
   void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                        float grad_scale);
+                        float grad_scale, const GradientsFinal& on_final = nullptr);
   // The sum of the losses added since the last call; waits for the stream.
   double take_loss_sum();
   Tensor& loss_sum() { return loss_sum_; }  // F32 [1], device: the step's loss sum so far
@@ -124,10 +135,11 @@ class GpuModel {
                    Tensor& f_act, Tensor& out);
   void project_head(const Tensor& h, void* logits, int64_t ldc) const;
   void head_and_loss(Acts& acts, bool with_grad, float grad_scale);
-  void backward(Acts& acts);
+  void backward(Acts& acts, const GradientsFinal& on_final);
 
   model::ModelConfig cfg_;
   std::vector<model::ParamInfo> table_;
+  std::vector<size_t> stage_starts_;  // model::backward_stage_starts
   cudaStream_t stream_ = nullptr;
   Tensor params_, grads_, params_half_;
   int64_t half_gap_ = 0;  // zero elements after tok_emb in params_half_ (the padded head rows, rounded up to kParamAlign)

@@ -18,8 +18,8 @@ namespace {
 // From NCCL 2's nccl.h.
 using ncclResult_t = int;
 constexpr ncclResult_t kNcclSuccess = 0;
-constexpr int kNcclFloat32 = 7;
-constexpr int kNcclMax = 2, kNcclAvg = 4;
+constexpr int kNcclFloat32 = 7, kNcclFloat64 = 8;
+constexpr int kNcclSum = 0, kNcclMax = 2, kNcclAvg = 4;
 constexpr size_t kUniqueIdBytes = 128;
 struct UniqueId {
   char internal[kUniqueIdBytes];
@@ -34,6 +34,7 @@ struct Api {
   ncclResult_t (*comm_init_rank)(Comm*, int, UniqueId, int) = nullptr;
   ncclResult_t (*comm_destroy)(Comm) = nullptr;
   ncclResult_t (*all_reduce)(const void*, void*, size_t, int, int, Comm, cudaStream_t) = nullptr;
+  ncclResult_t (*reduce)(const void*, void*, size_t, int, int, int, Comm, cudaStream_t) = nullptr;
   ncclResult_t (*broadcast)(const void*, void*, size_t, int, int, Comm, cudaStream_t) = nullptr;
   ncclResult_t (*group_start)() = nullptr;
   ncclResult_t (*group_end)() = nullptr;
@@ -69,6 +70,7 @@ const Api& api() {
     bind(a, a.comm_init_rank, "ncclCommInitRank");
     bind(a, a.comm_destroy, "ncclCommDestroy");
     bind(a, a.all_reduce, "ncclAllReduce");
+    bind(a, a.reduce, "ncclReduce");
     bind(a, a.broadcast, "ncclBroadcast");
     bind(a, a.group_start, "ncclGroupStart");
     bind(a, a.group_end, "ncclGroupEnd");
@@ -146,6 +148,45 @@ void Communicator::all_reduce_max(float* data, size_t count, cudaStream_t stream
 void Communicator::broadcast(float* data, size_t count, cudaStream_t stream) {
   if (count == 0) return;
   check(api().broadcast(data, data, count, kNcclFloat32, 0, comm_, stream), "ncclBroadcast");
+}
+
+void Communicator::all_reduce_sum(double* data, size_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  check(api().all_reduce(data, data, count, kNcclFloat64, kNcclSum, comm_, stream), "ncclAllReduce (sum)");
+}
+
+namespace {
+
+void check_parts(const std::vector<train::Range>& parts, int world, const char* what) {
+  QV_CHECK(parts.size() == static_cast<size_t>(world), "NCCL {}: {} parts for {} ranks", what, parts.size(), world);
+  for (const train::Range& p : parts)
+    QV_CHECK(p.begin >= 0 && p.begin <= p.end, "NCCL {}: the part [{}, {}) is not a range", what, p.begin, p.end);
+}
+
+}  // namespace
+
+void Communicator::reduce_scatter_mean(float* data, const std::vector<train::Range>& parts, cudaStream_t stream) {
+  check_parts(parts, world_, "reduce-scatter");
+  group_start();
+  for (int r = 0; r < world_; ++r) {
+    float* part = data + parts[r].begin;
+    if (parts[r].size() > 0)
+      check(api().reduce(part, part, static_cast<size_t>(parts[r].size()), kNcclFloat32, kNcclAvg, r, comm_, stream),
+            "ncclReduce (mean)");
+  }
+  group_end();
+}
+
+void Communicator::all_gather(float* data, const std::vector<train::Range>& parts, cudaStream_t stream) {
+  check_parts(parts, world_, "all-gather");
+  group_start();
+  for (int r = 0; r < world_; ++r) {
+    float* part = data + parts[r].begin;
+    if (parts[r].size() > 0)
+      check(api().broadcast(part, part, static_cast<size_t>(parts[r].size()), kNcclFloat32, r, comm_, stream),
+            "ncclBroadcast");
+  }
+  group_end();
 }
 
 void Communicator::group_start() { check(api().group_start(), "ncclGroupStart"); }

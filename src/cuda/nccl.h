@@ -13,6 +13,9 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
+
+#include "train/distributed.h"
 
 namespace quiver::cuda {
 
@@ -34,8 +37,23 @@ class Communicator {
   // In place on `stream`: data[i] = mean (or max) over the ranks of data[i]; fp32.
   void all_reduce_mean(float* data, size_t count, cudaStream_t stream);
   void all_reduce_max(float* data, size_t count, cudaStream_t stream);
+  // In place: data[i] = Σ over the ranks of data[i]; fp64 (the shards' squared gradient norms).
+  void all_reduce_sum(double* data, size_t count, cudaStream_t stream);
   // data = rank 0's data on every rank; fp32.
   void broadcast(float* data, size_t count, cudaStream_t stream);
+
+  // The ZeRO-1 collectives over a flat fp32 buffer that every rank holds whole, in place;
+  // parts[r] is rank r's part of it (world disjoint ranges, any sizes, empty ones skipped).
+  //   reduce_scatter_mean: rank r's data[parts[r]] becomes the mean over the ranks of their
+  //     data[parts[r]]; a rank's copy of the other ranks' parts is left unspecified.
+  //   all_gather: every rank's data[parts[r]] becomes rank r's data[parts[r]].
+  // The parts differ in size (a gradient bucket usually lies in one rank's shard), and
+  // ncclReduceScatter / ncclAllGather need equal chunks at rank-strided offsets, so each is one
+  // ncclReduce (ncclAvg) or ncclBroadcast per part, rooted at its owner and grouped into one
+  // launch: no padding and no copies, as PyTorch's ProcessGroupNCCL does for uneven sizes.
+  // Every rank passes the same parts.
+  void reduce_scatter_mean(float* data, const std::vector<train::Range>& parts, cudaStream_t stream);
+  void all_gather(float* data, const std::vector<train::Range>& parts, cudaStream_t stream);
   // Brackets several collectives into one launch (ncclGroupStart / ncclGroupEnd).
   void group_start();
   void group_end();

@@ -97,21 +97,28 @@ class DeviceParamSegments {
   int64_t extent() const { return extent_; }  // end of the last segment
   const void* device_table() const { return table_.raw(); }
   double* scratch() const { return static_cast<double*>(scratch_.raw()); }
+  // Where grad_square_sum leaves Σ g² and clip_to_norm reads it: one double in the scratch.
+  double* square_sum() const;
 
  private:
   std::vector<train::ParamSegment> segments_;
   int64_t num_params_;
   int64_t extent_ = 0;
   Tensor table_;    // the SegmentDesc array, bytes held in an F64 device tensor
-  Tensor scratch_;  // F64: partial sums, norm, scale
+  Tensor scratch_;  // F64: partial sums, Σ g², scale
 };
 
-// Global gradient norm √Σg² over the trainable segments, as train::grad_norm (fp64 sums in a
-// fixed order: deterministic), written to norm (F32, one element); then, as
-// train::clip_grad_norm, the trainable gradients are scaled by max_norm / norm when
-// max_norm > 0 and norm > max_norm. grads F32 [P].
-void clip_grad_norm(Tensor& grads, const DeviceParamSegments& segments, double max_norm,
-                    Tensor& norm, cudaStream_t stream = nullptr);
+// Global-norm clipping in two halves, so that the ranks of a data-parallel run can add their
+// shards' sums in between (an all-reduce of segments.square_sum()); one process calls them in
+// turn. grads F32 [P].
+//   grad_square_sum: Σ g² over the trainable segments (fp64 partial sums added in a fixed order:
+//     deterministic, as train::grad_norm) into segments.square_sum().
+//   clip_to_norm: norm = √(segments.square_sum()) written to norm (F32, one element); then, as
+//     train::clip_grad_norm, the trainable gradients are scaled by max_norm / norm when
+//     max_norm > 0 and norm > max_norm.
+void grad_square_sum(const Tensor& grads, const DeviceParamSegments& segments, cudaStream_t stream = nullptr);
+void clip_to_norm(Tensor& grads, const DeviceParamSegments& segments, double max_norm, Tensor& norm,
+                  cudaStream_t stream = nullptr);
 
 // One AdamW update (train::AdamW::step) at step t ≥ 1 (the count after this update) and
 // learning rate lr: params, grads, m, v F32 [P]; m and v updated in place.

@@ -213,6 +213,19 @@ std::vector<ParamInfo> param_table(const ModelConfig& cfg) {
   return table;
 }
 
+std::vector<size_t> backward_stage_starts(const ModelConfig& cfg) {
+  const std::vector<ParamInfo> table = param_table(cfg);
+  auto first_named = [&](const std::string& prefix) {
+    for (size_t i = 0; i < table.size(); ++i)
+      if (table[i].name.rfind(prefix, 0) == 0) return i;
+    fail("backward_stage_starts: the parameter table of '{}' has no '{}*' entry", cfg.name, prefix);
+  };
+  std::vector<size_t> starts = {first_named("norm_f.")};
+  for (int64_t l = cfg.n_layers - 1; l >= 0; --l) starts.push_back(first_named("layers." + std::to_string(l) + "."));
+  starts.push_back(0);
+  return starts;
+}
+
 int64_t count_params(const ModelConfig& cfg) {
   int64_t n = 0;
   for (const ParamInfo& p : param_table(cfg)) n += p.numel;

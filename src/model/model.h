@@ -163,4 +163,13 @@ class Model {
 std::vector<ParamInfo> param_table(const ModelConfig& cfg);
 int64_t count_params(const ModelConfig& cfg);
 
+// The stages in which the backward finishes the parameter gradients, in the order it runs
+// them: the head and the final norm, then each layer from the last to the first, then the
+// embeddings (n_layers + 2 stages). Entry s is the first table index of stage s; a stage's
+// parameters are contiguous in the table and the stages run from its end to its start, so after
+// stage s every entry from starts[s] on has its final gradient. (A tied head adds to tok_emb's
+// gradient in the first stage; it is final only after the last.) The GPU model reports these
+// points to its caller as its backward reaches them (cuda/model.h).
+std::vector<size_t> backward_stage_starts(const ModelConfig& cfg);
+
 }  // namespace quiver::model

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +56,39 @@ std::vector<Bucket> bucket_plan(const std::vector<model::ParamInfo>& table, int6
     b.params.push_back(k);
   }
   return out;
+}
+
+size_t buckets_complete(const std::vector<Bucket>& plan, size_t first_final) {
+  size_t complete = 0;
+  while (complete < plan.size() && plan[complete].params.back() >= first_final) ++complete;
+  return complete;
+}
+
+OptimizerShard optimizer_shard(std::vector<ParamSegment> segments, int64_t num_params, int rank, int world) {
+  QV_CHECK(world >= 1 && rank >= 0 && rank < world, "optimizer shard: rank {} of {} is not a valid rank", rank,
+           world);
+  std::sort(segments.begin(), segments.end(),
+            [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
+  OptimizerShard out;
+  out.shards = shard_ranges(num_params, world, model::kParamAlign);
+  out.range = out.shards[static_cast<size_t>(rank)];
+  int64_t previous_end = 0;
+  for (const ParamSegment& s : segments) {
+    QV_CHECK(s.offset >= previous_end && s.numel >= 0 && s.offset + s.numel <= num_params,
+             "optimizer shard: parameter segment [{}, {}) overlaps another or lies outside the {} parameters",
+             s.offset, s.offset + s.numel, num_params);
+    previous_end = s.offset + s.numel;
+    const int64_t begin = std::max(s.offset, out.range.begin), end = std::min(s.offset + s.numel, out.range.end);
+    if (begin < end) out.segments.push_back({begin - out.range.begin, end - begin, s.decay, s.trainable});
+  }
+  return out;
+}
+
+std::vector<Range> split_by_shards(Range range, const std::vector<Range>& shards) {
+  QV_CHECK(range.begin <= range.end, "split_by_shards: the range [{}, {}) is reversed", range.begin, range.end);
+  std::vector<Range> parts;
+  for (const Range& s : shards) parts.push_back({std::clamp(range.begin, s.begin, s.end), std::clamp(range.end, s.begin, s.end)});
+  return parts;
 }
 
 Range rank_rows(int64_t global_batch, int rank, int world) {

@@ -9,15 +9,19 @@
 //
 // Gradients: buckets of whole parameter tensors in reverse table order (the backward finishes
 // the last layers first), each at most cap bytes of fp32 (a larger tensor is a bucket of its
-// own), meant to be all-reduced as soon as the backward has produced them (today's engine
-// all-reduces them after the whole backward). The flat table is contiguous, so every bucket is
-// one range of the flat gradient buffer.
+// own). The flat table is contiguous, so every bucket is one range of the flat gradient buffer.
+// During the backward of a step's last micro-batch, each bucket is reduced as soon as the
+// backward has finished all its gradients (buckets_complete), overlapping the rest of the
+// backward.
 //
-// Optimizer state (ZeRO-1, not used yet): rank r would keep AdamW's m and v only for its
-// contiguous shard of the flat buffer (shard_ranges), update those parameters and all-gather the
-// updated shards; before a checkpoint the shards would be gathered into the full m and v, so
-// checkpoints keep the single-device layout. Today's engine (cuda/train_engine.cpp) keeps the
-// whole state on every rank and all-reduces the buckets after the backward.
+// Optimizer state (ZeRO-1): rank r keeps AdamW's m and v only for its contiguous shard of the
+// flat buffer (shard_ranges; optimizer_shard gives the optimizer's segments inside it). A
+// bucket's reduction is a reduce-scatter over the parts of the bucket in each rank's shard
+// (split_by_shards): each rank ends with the mean gradient of its shard, clips with the global
+// norm (the shards' squared norms summed over the ranks), updates its shard, and the updated
+// shards are all-gathered. Before a checkpoint the shards of m and v are gathered into the
+// full state, so checkpoints keep the single-device layout; a resumed rank takes its shard of
+// the full state, whatever the number of ranks that wrote it.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "train/optimizer.h"
 
 namespace quiver::train {
 
@@ -46,6 +51,27 @@ struct Bucket {
 // Gradient buckets (see the file comment); cap_bytes ≥ 1, counted as fp32 bytes. Every
 // parameter is in exactly one bucket.
 std::vector<Bucket> bucket_plan(const std::vector<model::ParamInfo>& table, int64_t cap_bytes);
+
+// How many buckets of `plan` are complete once every table entry from `first_final` on has its
+// final gradient (model::backward_stage_starts): plan order is reverse table order, so the
+// complete buckets are a prefix of the plan, those whose parameters all have index ≥ first_final.
+size_t buckets_complete(const std::vector<Bucket>& plan, size_t first_final);
+
+// ZeRO-1: rank `rank`'s part of the optimizer over a flat buffer of num_params elements.
+struct OptimizerShard {
+  std::vector<Range> shards;  // every rank's shard, in rank order: shard_ranges(num_params, world, kParamAlign)
+  Range range;                // this rank's, shards[rank]
+  // The optimizer's segments intersected with `range`, with offsets relative to range.begin (so
+  // they index the shard's own m and v); flags kept, empty intersections dropped. Alignment gaps
+  // lie in no segment, so they stay outside every shard's segments too.
+  std::vector<ParamSegment> segments;
+};
+// Errors name a rank outside [0, world) and segments that overlap or leave the buffer.
+OptimizerShard optimizer_shard(std::vector<ParamSegment> segments, int64_t num_params, int rank, int world);
+
+// The parts of `range` in each shard, in rank order: range ∩ shards[r], an empty range where
+// they do not meet. These are the pieces of a bucket's reduce-scatter, one per owner.
+std::vector<Range> split_by_shards(Range range, const std::vector<Range>& shards);
 
 // Rank r's rows of a global micro-batch of `global_batch` rows; an error unless world divides
 // it (naming both).

@@ -20,7 +20,7 @@ class CpuEngine final : public Engine {
     loss_sum_ = 0;
   }
   void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                        float grad_scale) override {
+                        float grad_scale, bool) override {
     loss_sum_ += model_.forward_backward(tokens, targets, B, T, grad_scale);
   }
   StepResult optimizer_step(double lr, double clip) override {

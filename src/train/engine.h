@@ -10,8 +10,8 @@
 // Data parallelism (train/distributed.h): with world > 1 the engine is one of `world`
 // processes (ranks) that each run the same steps on their rows of the global micro-batch; the
 // engine averages the gradients and the loss over the ranks before the optimizer step, so every
-// rank holds the same parameters and optimizer state after it. Only a device whose factory
-// supports it accepts world > 1 (the CPU engine does not).
+// rank holds the same parameters after it, and each rank keeps its shard of the optimizer state
+// (ZeRO-1). Only a device whose factory supports it accepts world > 1 (the CPU engine does not).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,9 +30,11 @@ class Engine {
 
   virtual void zero_grads() = 0;
   // Adds grad_scale · dLoss/dθ of one micro-batch (tokens, targets: B·T host ids) into the
-  // gradients, and its mean loss into the step's loss sum.
+  // gradients, and its mean loss into the step's loss sum. `last`: the step's last micro-batch
+  // (a data-parallel engine reduces the gradients over the ranks during its backward; earlier
+  // micro-batches only accumulate).
   virtual void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                                float grad_scale) = 0;
+                                float grad_scale, bool last) = 0;
   struct StepResult {
     double loss_sum = 0;   // the micro-batches' mean losses, summed
     double grad_norm = 0;  // global norm before clipping
@@ -41,17 +43,21 @@ class Engine {
   virtual StepResult optimizer_step(double lr, double clip) = 0;
   // Mean loss of one batch, no gradients.
   virtual double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) = 0;
-  // Copies the parameters into the host model and m, v and the step count into the host AdamW.
+  // Copies the parameters into the host model and the full m, v and the step count into the host
+  // AdamW. Not between a step's forward_backward and its optimizer_step: a data-parallel engine
+  // gathers the shards of m and v through its gradient buffer (and zeroes it after). With
+  // several ranks it is a collective: every rank calls it at the same point.
   virtual void sync_to_host() = 0;
   // Whether `flag` is true on any rank (a collective: every rank calls it at the same point);
   // one process: flag itself. Ranks use it to stop at the same step.
   virtual bool any_rank(bool flag) { return flag; }
 };
 
-// The process's place in a data-parallel run.
+// The process's place in a data-parallel run, and how its gradients travel.
 struct Parallel {
   int rank = 0, world = 1;
   std::string rendezvous;  // how rank 0 hands out the communicator id: a file path, or tcp://ADDRESS:PORT
+  int64_t bucket_bytes = int64_t{25} << 20;  // gradient bucket cap, in fp32 bytes (train::bucket_plan)
 };
 
 std::unique_ptr<Engine> make_cpu_engine(model::Model& model, AdamW& adam);

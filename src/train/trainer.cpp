@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -693,16 +694,18 @@ TrainResult run_training(const TrainOptions& options) {
   const Clock::time_point session_start = Clock::now();
   auto elapsed_now = [&] { return state.elapsed_s + seconds_since(session_start); };
   auto save = [&] {
-    if (!writer) return;  // every rank holds the same state
     const Clock::time_point t0 = Clock::now();
+    // Every rank takes part (a data-parallel engine gathers its optimizer shards); rank 0 writes.
+    engine->sync_to_host();
+    const int64_t previous_checkpoint = std::exchange(checkpoint_step, result.step);
+    if (!writer) return;
     result.elapsed_s = elapsed_now();
     // Keep the last complete pair's model reachable until the new optimizer file is written, so
     // that a failure in between (a full disk) loses nothing: resume falls back to it.
     const std::string model_path = join_path(out_dir, kModelFile), previous = join_path(out_dir, kPreviousModelFile);
     std::error_code ec;
     fs::remove(previous, ec);
-    if (checkpoint_step >= 0 && fs::exists(model_path)) fs::create_hard_link(model_path, previous, ec);
-    engine->sync_to_host();
+    if (previous_checkpoint >= 0 && fs::exists(model_path)) fs::create_hard_link(model_path, previous, ec);
     save_checkpoint(model_path, *model, {{kMetaStep, std::to_string(result.step)}, {kMetaTokenizer, tokenizer_path}});
     std::map<std::string, std::string> meta = {
         {kMetaFormat, kOptimizerFormat},
@@ -716,7 +719,6 @@ TrainResult run_training(const TrainOptions& options) {
         {"quiver.options", run.to_json().dump()}};
     write_safetensors(join_path(out_dir, kOptimizerFile), {{"adamw.m", adam.m()}, {"adamw.v", adam.v()}}, meta);
     fs::remove(previous, ec);
-    checkpoint_step = result.step;
     write_run_json(result.step >= run.steps ? "finished" : "running");
     result.time.checkpoint += seconds_since(t0);
   };
@@ -745,7 +747,7 @@ TrainResult run_training(const TrainOptions& options) {
       result.time.data += seconds_since(t0);
       t0 = Clock::now();
       engine->forward_backward(tokens.data() + rows.begin * T, targets.data() + rows.begin * T, rows.size(), T,
-                               1.0f / static_cast<float>(A));
+                               1.0f / static_cast<float>(A), a + 1 == A);
       result.time.forward_backward += seconds_since(t0);
     }
     // A device engine computes asynchronously: its forward and backward time shows up in the

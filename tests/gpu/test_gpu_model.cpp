@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,49 @@ TEST_P(GpuModelCase, LossAndGradientsMatchTheCpuModel) {
   EXPECT_LT(rel_error(l64.data<double>(), ref_logits.data<double>(), l64.numel()), 0.04) << c.name;
 }
 
+// The backward's reports (GpuModel::GradientsFinal) are what a data-parallel engine starts
+// its reductions on. At each report, after the stream has run up to it, the gradients it calls
+// final must already equal the ones after the whole backward, bit for bit, while the next
+// stage's still change (the report comes before that work, so communication can overlap it).
+// The micro-batch accumulates onto a first one's gradients, as the last one of a step does.
+TEST_P(GpuModelCase, BackwardReportsFinalGradientsStageByStage) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Case& c = GetParam();
+  const model::ModelConfig cfg = small_config(c.pattern, c.overrides);
+  model::Model cpu(cfg, DType::F32);
+  randomize(cpu, 7);
+  cuda::GpuModel gpu(cfg);
+  gpu.load_params(cpu.params());
+  const int64_t B = 2, T = 70, P = gpu.num_params();
+  const std::vector<int32_t> x1 = random_ids(B * T, cfg.vocab_size, 21), y1 = random_ids(B * T, cfg.vocab_size, 22);
+  const std::vector<int32_t> x2 = random_ids(B * T, cfg.vocab_size, 23), y2 = random_ids(B * T, cfg.vocab_size, 24);
+  gpu.zero_grads();
+  gpu.forward_backward(x1.data(), y1.data(), B, T, 0.5f);
+  std::vector<size_t> reported;
+  std::vector<Tensor> snapshots;
+  gpu.forward_backward(x2.data(), y2.data(), B, T, 0.5f, [&](size_t first_final) {
+    reported.push_back(first_final);
+    snapshots.push_back(gpu_testing::to_host(gpu.grads()));
+  });
+  const Tensor final_grads = gpu_testing::to_host(gpu.grads());
+  ASSERT_EQ(reported, model::backward_stage_starts(cfg)) << c.name;
+  const std::vector<model::ParamInfo>& table = gpu.param_table();
+  auto offset_of = [&](size_t entry) { return entry < table.size() ? table[entry].offset : P; };
+  const float* want = final_grads.data<float>();
+  for (size_t k = 0; k < reported.size(); ++k) {
+    const float* got = snapshots[k].data<float>();
+    const int64_t from = offset_of(reported[k]);
+    EXPECT_EQ(std::memcmp(got + from, want + from, static_cast<size_t>(P - from) * sizeof(float)), 0)
+        << c.name << ": gradients from entry " << reported[k] << " (" << table[reported[k]].name
+        << ") changed after they were reported final";
+    if (k + 1 < reported.size()) {
+      const int64_t next = offset_of(reported[k + 1]);
+      EXPECT_NE(std::memcmp(got + next, want + next, static_cast<size_t>(from - next) * sizeof(float)), 0)
+          << c.name << ": the stage after report " << k << " had already run when it was reported";
+    }
+  }
+}
+
 TEST_P(GpuModelCase, DecodingReproducesTheFullForward) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Case& c = GetParam();
@@ -284,7 +328,7 @@ TEST(GpuTraining, FiftyStepsFollowTheCpuLossCurve) {
           y[b * T + t] = data[b * (T + 1) + t + 1];
         }
       engine->zero_grads();
-      engine->forward_backward(x.data(), y.data(), B, T, 1.0f);
+      engine->forward_backward(x.data(), y.data(), B, T, 1.0f, true);
       curve.push_back(engine->optimizer_step(3e-3, 1.0).loss_sum);
     }
     engine->sync_to_host();

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <vector>
 
 #include "cuda/backend.h"
@@ -28,6 +29,7 @@
 #include "ops/rope.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
+#include "train/distributed.h"
 #include "train/optimizer.h"
 
 using namespace quiver;
@@ -381,6 +383,12 @@ TEST(GpuOps, AdamWMatchesTheCpuOptimizer) {
   }
 }
 
+// The two halves of clipping, as one process calls them.
+void clip_on_device(Tensor& grads, const cuda::DeviceParamSegments& segments, double max_norm, Tensor& norm) {
+  cuda::grad_square_sum(grads, segments);
+  cuda::clip_to_norm(grads, segments, max_norm, norm);
+}
+
 TEST(GpuOps, GradNormAndClipping) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(71);
@@ -394,13 +402,82 @@ TEST(GpuOps, GradNormAndClipping) {
     Tensor want = grads.clone();
     train::clip_grad_norm(want.data<float>(), segs, ref_norm, max_norm);
     Tensor dev = to_device(grads), norm = poisoned({1}, DType::F32);
-    cuda::clip_grad_norm(dev, segments, max_norm, norm);
+    clip_on_device(dev, segments, max_norm, norm);
     const float got_norm = to_host(norm).data<float>()[0];
     EXPECT_NEAR(got_norm, ref_norm, kAdamTol * ref_norm);
     EXPECT_LT(rel_error(to_host(dev), want), kAdamTol);
     // Deterministic: a second run gives the same bits.
     Tensor dev2 = to_device(grads), norm2 = poisoned({1}, DType::F32);
-    cuda::clip_grad_norm(dev2, segments, max_norm, norm2);
+    clip_on_device(dev2, segments, max_norm, norm2);
     EXPECT_EQ(to_host(norm2).data<float>()[0], got_norm);
+  }
+}
+
+// ZeRO-1's optimizer step with every rank's shard done in turn on one device: the shards'
+// squared sums added (what the ranks' all-reduce does) clip as the whole buffer's norm does,
+// and AdamW over each shard (train::optimizer_shard: the segments in the shard, rebased, with
+// the shard's own m and v) gives the whole buffer's parameters and moments. Only the order of
+// the norm's sum differs, so the results agree to the AdamW tolerance.
+TEST(GpuOps, ShardedClippingAndAdamWEqualTheWholeBuffer) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t p = 71400;
+  const auto segs = test_segments();
+  train::AdamWOptions options;
+  options.weight_decay = 0.1;
+  const double max_norm = 1.0, lrs[] = {1e-3, 3e-3, 5e-4};
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(world);
+    Rng rng(83);
+    const Tensor initial = random_f32({p}, rng);
+    cuda::DeviceParamSegments whole(segs, p);
+    Tensor want = to_device(initial), want_m = Tensor::zeros({p}, DType::F32, Device::CUDA);
+    Tensor want_v = Tensor::zeros({p}, DType::F32, Device::CUDA), want_norm = poisoned({1}, DType::F32);
+    std::vector<train::OptimizerShard> shards;
+    std::vector<std::unique_ptr<cuda::DeviceParamSegments>> shard_segments;
+    std::vector<Tensor> m, v;
+    for (int r = 0; r < world; ++r) {
+      shards.push_back(train::optimizer_shard(segs, p, r, world));
+      const int64_t n = shards.back().range.size();
+      shard_segments.push_back(std::make_unique<cuda::DeviceParamSegments>(shards.back().segments, n));
+      m.push_back(Tensor::zeros({n}, DType::F32, Device::CUDA));
+      v.push_back(Tensor::zeros({n}, DType::F32, Device::CUDA));
+    }
+    Tensor got = to_device(initial);
+    for (int step = 1; step <= 3; ++step) {
+      const Tensor grads = random_f32({p}, rng, -0.1, 0.1);
+      Tensor g_whole = to_device(grads), g = to_device(grads);
+      clip_on_device(g_whole, whole, max_norm, want_norm);
+      cuda::adamw_step(want, g_whole, want_m, want_v, whole, options, lrs[step - 1], step);
+      double total = 0;
+      for (int r = 0; r < world; ++r) {
+        const train::Range range = shards[r].range;
+        cuda::grad_square_sum(g.slice(0, range.begin, range.end), *shard_segments[r]);
+        double part = 0;
+        QV_CUDA_CHECK(cudaDeviceSynchronize());
+        QV_CUDA_CHECK(cudaMemcpy(&part, shard_segments[r]->square_sum(), sizeof(double), cudaMemcpyDeviceToHost));
+        total += part;
+      }
+      for (int r = 0; r < world; ++r) {
+        const train::Range range = shards[r].range;
+        QV_CUDA_CHECK(cudaMemcpy(shard_segments[r]->square_sum(), &total, sizeof(double), cudaMemcpyHostToDevice));
+        Tensor g_shard = g.slice(0, range.begin, range.end), p_shard = got.slice(0, range.begin, range.end);
+        Tensor norm = poisoned({1}, DType::F32);
+        cuda::clip_to_norm(g_shard, *shard_segments[r], max_norm, norm);
+        EXPECT_NEAR(to_host(norm).data<float>()[0], to_host(want_norm).data<float>()[0],
+                    kAdamTol * to_host(want_norm).data<float>()[0]);
+        cuda::adamw_step(p_shard, g_shard, m[r], v[r], *shard_segments[r], options, lrs[step - 1], step);
+      }
+    }
+    EXPECT_LT(rel_error(to_host(got), to_host(want)), kAdamTol);
+    EXPECT_GT(rel_error(to_host(want), initial), 1e-4);  // the update did something
+    // The shards' moments, placed at their ranges, are the whole buffer's.
+    Tensor got_m = Tensor::zeros({p}, DType::F32), got_v = Tensor::zeros({p}, DType::F32);
+    for (int r = 0; r < world; ++r) {
+      const train::Range range = shards[r].range;
+      got_m.slice(0, range.begin, range.end).copy_from(to_host(m[r]));
+      got_v.slice(0, range.begin, range.end).copy_from(to_host(v[r]));
+    }
+    EXPECT_LT(rel_error(got_m, to_host(want_m)), kAdamTol);
+    EXPECT_LT(rel_error(got_v, to_host(want_v)), kAdamTol);
   }
 }

@@ -131,7 +131,7 @@ void run_bench(const ModelBenchArgs& a) {
     auto step = [&] {
       engine->zero_grads();
       for (int64_t k = 0; k < accum; ++k)
-        engine->forward_backward(x.data(), y.data(), B, T, 1.0f / static_cast<float>(accum));
+        engine->forward_backward(x.data(), y.data(), B, T, 1.0f / static_cast<float>(accum), k + 1 == accum);
       return engine->optimizer_step(3e-4, 1.0);  // waits for the device
     };
     Clock::time_point t0 = Clock::now();

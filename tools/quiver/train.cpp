@@ -2,6 +2,7 @@
 // run folder exactly (see src/train/trainer.h for the folder's files).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -30,6 +31,7 @@ struct TrainArgs {
   int gpus = 1;
   int nodes = 1, node_rank = 0;
   std::string rendezvous;
+  double bucket_mb = 25;
 };
 
 std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.0f}%", 100 * part / whole) : "-"; }
@@ -47,12 +49,15 @@ void run(TrainArgs& args, CLI::App* cmd) {
   QV_CHECK(args.nodes == 1 || !args.rendezvous.empty(),
            "--nodes {} needs --rendezvous ADDRESS:PORT (rank 0's host and a free port)", args.nodes);
   QV_CHECK(args.nodes > 1 || args.rendezvous.empty(), "--rendezvous is for --nodes > 1");
+  QV_CHECK(args.bucket_mb > 0 && args.bucket_mb <= 1 << 20, "--bucket-mb must be in (0, 1048576], got {}",
+           args.bucket_mb);
   const int world = args.nodes * args.gpus;
   const train::Parallel launched = launched_rank();
   if (launched.world > 0) {  // one rank of `--gpus N [--nodes M]`, started by the launcher below
     QV_CHECK(launched.world == world, "{}={} but --gpus {} × --nodes {} = {}", kWorldEnv, launched.world, args.gpus,
              args.nodes, world);
     o.parallel = launched;
+    o.parallel.bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(args.bucket_mb * (1 << 20)));
   } else if (world > 1) {
     QV_CHECK(o.device == "cuda", "--gpus {} needs --device cuda", args.gpus);
     QV_CHECK(o.micro_batch % world == 0,
@@ -142,6 +147,10 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rendezvous", args->rendezvous,
                   "--nodes > 1: IPv4 ADDRESS:PORT of host 0, where its rank 0 hands out the NCCL id");
+  cmd->add_option("--bucket-mb", args->bucket_mb,
+                  "data parallelism: gradients are reduced in buckets of at most this many MiB of fp32 while the "
+                  "backward runs")
+      ->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (default: QUIVER_NUM_THREADS or all cores)");
   cmd->add_flag("--quiet", args->quiet, "no progress line");
   cmd->callback([args, cmd] { run(*args, cmd); });
