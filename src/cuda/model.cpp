@@ -245,7 +245,7 @@ void givens_set_aside(const GpuModel::Layer& L, const Tensor& scratch, Tensor ba
   }
 }
 
-// W_I and b_I as [rows, H, Dh]: the rotation's view.
+// Floats of that scratch: W_I's gradient (rounded up to the parameter alignment), then b_I's.
 int64_t givens_scratch_numel(const GpuModel::Layer& L) {
   return model::align_param(L.w_in[2].grad.numel()) + (L.b_in[2].defined() ? L.b_in[2].grad.numel() : 0);
 }
@@ -256,7 +256,7 @@ void givens_fold_backward(const GpuModel::Layer& L, int64_t layer, int64_t H, in
   Tensor dtheta = L.theta.grad;
   for (int j = 0; j < 2; ++j) {
     if (!p[j]->defined()) continue;
-    const Shape heads{p[j]->grad.numel() / (H * Dh), H, Dh};
+    const Shape heads{p[j]->grad.numel() / (H * Dh), H, Dh};  // the rotation's view: [rows, H, Dh]
     Tensor dw = p[j]->grad.reshape(heads);
     givens_weight_backward(dw, base[j].reshape(heads), p[j]->master.reshape(heads), L.theta.master, layer, dtheta, s);
   }
