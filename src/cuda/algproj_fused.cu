@@ -82,6 +82,27 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MI][NI][4], const uint16_
   }
 }
 
+// A piece of a split reduction (row or weight pass): the warp's fp32 accumulators, rows below
+// `rows` and columns below `cols` of the tile, into its slot (row-major, BN columns), for the
+// reduce kernel to add in order.
+template <int BN, int MI, int NI>
+__device__ __forceinline__ void store_slot(const float (&acc)[MI][NI][4], float* slot, int warp_row0, int warp_col0,
+                                           int grp, int tig, int rows, int cols) {
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp_row0 + mi * 16 + grp + h * 8;
+      if (r >= rows) continue;
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = warp_col0 + ni * 8 + 2 * tig;
+        if (col < cols)
+          *reinterpret_cast<float2*>(slot + r * BN + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+      }
+    }
+}
+
 // ---- Row pass -------------------------------------------------------------------------------
 // Persistent: a block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... and its pipeline runs
 // across them, so the next tile's first chunks load while a tile finishes and writes out (the
@@ -196,20 +217,8 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads)
                                                             warp_row0, warp_col0, lane);
     }
     if (t.slot >= 0) {  // a piece of a split reduction: fp32 partial sums into its slot
-      float* slot = p.partials + static_cast<int64_t>(t.slot) * (BM * BN);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp_row0 + mi * 16 + grp + h * 8;
-          if (r >= t.row_count) continue;
-#pragma unroll
-          for (int ni = 0; ni < NI; ++ni) {
-            const int col = warp_col0 + ni * 8 + 2 * tig;
-            if (col < t.ncols)
-              *reinterpret_cast<float2*>(slot + r * BN + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-          }
-        }
+      store_slot<BN>(acc, p.partials + static_cast<int64_t>(t.slot) * (BM * BN), warp_row0, warp_col0, grp, tig,
+                     t.row_count, t.ncols);
       continue;
     }
     // Whole 32-byte sectors: the quad's threads swap halves of two neighbouring n8 tiles, so
@@ -321,20 +330,8 @@ __global__ void __launch_bounds__(WeightCfg<I>::kThreads)
 
   const int grp = lane >> 2, tig = lane & 3;
   if (t.slot >= 0) {  // a piece of a split row list: fp32 partial sums into its slot
-    float* slot = p.partials + static_cast<int64_t>(t.slot) * (BM * BN);
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = warp_row0 + mi * 16 + grp + h * 8;
-        if (i >= t.nk) continue;
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-          const int col = warp_col0 + ni * 8 + 2 * tig;
-          if (col < t.ncols)
-            *reinterpret_cast<float2*>(slot + i * BN + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-        }
-      }
+    store_slot<BN>(acc, p.partials + static_cast<int64_t>(t.slot) * (BM * BN), warp_row0, warp_col0, grp, tig, t.nk,
+                   t.ncols);
     return;
   }
 #pragma unroll
