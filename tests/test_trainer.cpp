@@ -19,6 +19,7 @@
 
 #include "quiver/rng.h"
 #include "quiver/safetensors.h"
+#include "testing.h"
 #include "train/checkpoint.h"
 #include "train/plot.h"
 #include "train/shards.h"
@@ -47,14 +48,7 @@ model::ModelConfig tiny_config() {
   return c;
 }
 
-// A Markov chain that a tiny model learns quickly: next = (5·prev + 1 + r) mod V, r ∈ {0, 1}.
-std::vector<int32_t> markov_tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  int32_t t = 0;
-  for (auto& x : out) x = t = static_cast<int32_t>((5 * t + 1 + static_cast<int32_t>(rng.below(2))) % kVocab);
-  return out;
-}
+std::vector<int32_t> markov_tokens(int64_t n, uint64_t seed) { return quiver::testing::markov_tokens(n, kVocab, seed); }
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -26,6 +28,15 @@ inline Tensor random_tensor(const Shape& shape, DType dtype, Rng& rng, double st
 }
 
 // Fills a tensor with NaN so that elements a kernel forgot to write show up.
+// A Markov chain a tiny model learns quickly: next = (5·prev + 1 + r) mod vocab, r ∈ {0, 1}.
+inline std::vector<int32_t> markov_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  int32_t t = 0;
+  for (auto& x : out) x = t = static_cast<int32_t>((5 * t + 1 + static_cast<int32_t>(rng.below(2))) % vocab);
+  return out;
+}
+
 inline Tensor poisoned(const Shape& shape, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
   t.fill(std::numeric_limits<double>::quiet_NaN());

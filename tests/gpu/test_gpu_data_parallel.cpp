@@ -49,14 +49,7 @@ std::string missing_for_two_ranks() {
   return "";
 }
 
-// A Markov chain the model learns quickly: next = (5·prev + 1 + r) mod V, r ∈ {0, 1}.
-std::vector<int32_t> markov_tokens(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  int32_t t = 0;
-  for (auto& x : out) x = t = static_cast<int32_t>((5 * t + 1 + static_cast<int32_t>(rng.below(2))) % kVocab);
-  return out;
-}
+std::vector<int32_t> markov_tokens(int64_t n, uint64_t seed) { return quiver::testing::markov_tokens(n, kVocab, seed); }
 
 class DataParallel : public ::testing::Test {
  protected:
