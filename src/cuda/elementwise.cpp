@@ -283,24 +283,16 @@ void cross_entropy(const Tensor& logits, const int32_t* targets, float scale, Te
 
 DeviceParamSegments::DeviceParamSegments(std::vector<train::ParamSegment> segments,
                                          int64_t num_params)
-    : segments_(std::move(segments)), num_params_(num_params) {
-  std::sort(segments_.begin(), segments_.end(),
-            [](const train::ParamSegment& a, const train::ParamSegment& b) {
-              return a.offset < b.offset;
-            });
+    : segments_(train::sorted_segments(std::move(segments), num_params, "DeviceParamSegments")),
+      num_params_(num_params) {
   QV_CHECK(segments_.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
            "DeviceParamSegments: too many segments ({})", segments_.size());
-  int64_t previous_end = 0;
   std::vector<detail::SegmentDesc> table;
+  extent_ = 0;
   for (const train::ParamSegment& s : segments_) {
-    QV_CHECK(s.offset >= previous_end && s.numel >= 0 && s.offset + s.numel <= num_params,
-             "DeviceParamSegments: parameter segment [{}, {}) overlaps another or lies outside "
-             "the {} parameters",
-             s.offset, s.offset + s.numel, num_params);
-    previous_end = s.offset + s.numel;
     table.push_back({s.offset, s.numel, s.decay ? 1 : 0, s.trainable ? 1 : 0});
+    extent_ = s.offset + s.numel;
   }
-  extent_ = previous_end;
   static_assert(sizeof(detail::SegmentDesc) % sizeof(double) == 0);
   const int64_t words = std::max<int64_t>(
       1, static_cast<int64_t>(table.size() * sizeof(detail::SegmentDesc) / sizeof(double)));

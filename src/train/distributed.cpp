@@ -67,17 +67,10 @@ size_t buckets_complete(const std::vector<Bucket>& plan, size_t first_final) {
 OptimizerShard optimizer_shard(std::vector<ParamSegment> segments, int64_t num_params, int rank, int world) {
   QV_CHECK(world >= 1 && rank >= 0 && rank < world, "optimizer shard: rank {} of {} is not a valid rank", rank,
            world);
-  std::sort(segments.begin(), segments.end(),
-            [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
   OptimizerShard out;
   out.shards = shard_ranges(num_params, world, model::kParamAlign);
   out.range = out.shards[static_cast<size_t>(rank)];
-  int64_t previous_end = 0;
-  for (const ParamSegment& s : segments) {
-    QV_CHECK(s.offset >= previous_end && s.numel >= 0 && s.offset + s.numel <= num_params,
-             "optimizer shard: parameter segment [{}, {}) overlaps another or lies outside the {} parameters",
-             s.offset, s.offset + s.numel, num_params);
-    previous_end = s.offset + s.numel;
+  for (const ParamSegment& s : sorted_segments(std::move(segments), num_params, "optimizer shard")) {
     const int64_t begin = std::max(s.offset, out.range.begin), end = std::min(s.offset + s.numel, out.range.end);
     if (begin < end) out.segments.push_back({begin - out.range.begin, end - begin, s.decay, s.trainable});
   }

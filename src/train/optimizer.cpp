@@ -36,17 +36,23 @@ int64_t extent(const std::vector<ParamSegment>& segments) {
 
 }  // namespace
 
-AdamW::AdamW(std::vector<ParamSegment> segments, int64_t num_params, AdamWOptions options)
-    : segments_(std::move(segments)), num_params_(num_params), options_(options) {
-  std::sort(segments_.begin(), segments_.end(),
+std::vector<ParamSegment> sorted_segments(std::vector<ParamSegment> segments, int64_t num_params, const char* who) {
+  std::sort(segments.begin(), segments.end(),
             [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
   int64_t previous_end = 0;
-  for (const ParamSegment& s : segments_) {
+  for (const ParamSegment& s : segments) {
     QV_CHECK(s.offset >= previous_end && s.numel >= 0 && s.offset + s.numel <= num_params,
-             "AdamW: parameter segment [{}, {}) overlaps another or lies outside the {} parameters",
-             s.offset, s.offset + s.numel, num_params);
+             "{}: parameter segment [{}, {}) overlaps another or lies outside the {} parameters", who, s.offset,
+             s.offset + s.numel, num_params);
     previous_end = s.offset + s.numel;
   }
+  return segments;
+}
+
+AdamW::AdamW(std::vector<ParamSegment> segments, int64_t num_params, AdamWOptions options)
+    : segments_(sorted_segments(std::move(segments), num_params, "AdamW")),
+      num_params_(num_params),
+      options_(options) {
   QV_CHECK(options_.beta1 >= 0 && options_.beta1 < 1, "AdamW: beta1 must be in [0, 1), got {}",
            options_.beta1);
   QV_CHECK(options_.beta2 >= 0 && options_.beta2 < 1, "AdamW: beta2 must be in [0, 1), got {}",

@@ -17,6 +17,10 @@ struct ParamSegment {
   bool trainable = true;   // false: neither updated nor counted in the gradient norm
 };
 
+// `segments` sorted by offset; an error naming `who` if two overlap or one lies outside
+// [0, num_params). What the optimizer, its shards and its device tables accept.
+std::vector<ParamSegment> sorted_segments(std::vector<ParamSegment> segments, int64_t num_params, const char* who);
+
 struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
