@@ -108,17 +108,9 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                                      bf16_out(dk),
                                      bf16_out(dv),
                                      nullptr};
-  // D per query row: in the device's GEMM workspace (stream-ordered scratch, context.h) when it
-  // fits, else in a buffer of this call (freed after the kernels: cudaFree waits for them).
+  // D per query row, in the device's flash scratch (context.h).
   const detail::AttentionDims& dd = pr.dims;
-  const int64_t delta_bytes = dd.B * dd.Hq * dd.T * static_cast<int64_t>(sizeof(float));
-  Tensor delta_buffer;
-  if (static_cast<size_t>(delta_bytes) <= context().workspace_bytes()) {
-    args.delta = static_cast<float*>(context().workspace());
-  } else {
-    delta_buffer = Tensor::empty({dd.B * dd.Hq * dd.T}, DType::F32, Device::CUDA);
-    args.delta = static_cast<float*>(delta_buffer.raw());
-  }
+  args.delta = static_cast<float*>(context().flash_scratch(sizeof(float) * dd.B * dd.Hq * dd.T));
   dispatch_padded_width(pr.dims.Dh, args, stream,
                       []<int P>(const detail::AttentionBackwardArgs& a, cudaStream_t s) {
                         detail::launch_attention_backward<P>(a, s);

@@ -65,8 +65,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 // of y). Writes dq (shape of q), dk and dv (shape of k; summed over the query heads of a
 // group). Deterministic: dk/dv by one pass over the query tiles per key tile, dq by a second
 // pass over the key tiles per query tile (no atomics). D_p = dy_p · y_p is computed first into
-// the device's GEMM workspace (context.h) when B·Hq·T floats fit there, else into a buffer of
-// the call.
+// the device's flash scratch (context.h), which the first call of a larger shape grows.
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                         const Tensor& lse, const Tensor& dy, Tensor& dq, Tensor& dk, Tensor& dv,
                         cudaStream_t stream = nullptr);

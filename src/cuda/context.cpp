@@ -27,8 +27,20 @@ Context::Context(int device) : device_(device) {
 // Unchecked on purpose: at exit the CUDA runtime may already be shutting down, and a
 // destructor must not throw.
 Context::~Context() {
+  if (flash_scratch_) cudaFree(flash_scratch_);
   if (workspace_) cudaFree(workspace_);
   if (lt_) cublasLtDestroy(lt_);
+}
+
+void* Context::flash_scratch(size_t bytes) {
+  if (bytes > flash_scratch_bytes_) {
+    if (flash_scratch_) QV_CUDA_CHECK(cudaFree(flash_scratch_));
+    flash_scratch_ = nullptr;
+    flash_scratch_bytes_ = 0;
+    QV_CUDA_CHECK(cudaMalloc(&flash_scratch_, bytes));
+    flash_scratch_bytes_ = bytes;
+  }
+  return flash_scratch_;
 }
 
 Context& context() {

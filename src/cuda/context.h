@@ -1,9 +1,8 @@
 // Per-device CUDA context: the cuBLASLt handle and the GEMM workspace, created lazily on first
 // use of a device and destroyed at program exit.
 //
-// Contract: the workspace is shared by every GEMM on the device, whatever the stream, by the
-// parameter sums of the norm, Givens and retention-gate backwards, and by the attention
-// backward's row terms. GEMMs on
+// Contract: the workspace is shared by every GEMM on the device, whatever the stream, and by
+// the parameter sums of the norm, Givens and retention-gate backwards. GEMMs on
 // one stream are ordered, so sharing is safe there; callers that run GEMMs on several streams
 // concurrently must order those streams (an event) or the GEMMs may corrupt each other's
 // workspace. Creating the context allocates (cudaMalloc), which a CUDA graph capture forbids:
@@ -32,11 +31,17 @@ class Context {
   cublasLtHandle_t lt() const { return lt_; }
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return kWorkspaceBytes; }
+  // Stream-ordered scratch of at least `bytes` for the flash backward's row terms, grown on
+  // demand (cudaFree, which waits for queued work, then cudaMalloc: not while capturing a graph)
+  // and never shrunk; its contents do not outlive the call that asked for it.
+  void* flash_scratch(size_t bytes);
 
  private:
   int device_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
+  void* flash_scratch_ = nullptr;
+  size_t flash_scratch_bytes_ = 0;
 };
 
 // The context of the current device (cudaGetDevice), created on first call. Thread-safe.
