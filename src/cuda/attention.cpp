@@ -108,9 +108,12 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                                      bf16_out(dk),
                                      bf16_out(dv),
                                      nullptr};
-  // D per query row, in the device's flash scratch (context.h).
+  // D per query row, then (one-pass dQ) the fp32 dQ sums, in the device's flash scratch.
   const detail::AttentionDims& dd = pr.dims;
-  args.delta = static_cast<float*>(context().flash_scratch(sizeof(float) * dd.B * dd.Hq * dd.T));
+  const int64_t rows = dd.B * dd.Hq * dd.T, delta_floats = (rows + 3) / 4 * 4;  // 16-byte aligned sums
+  const int64_t sums = flash_dq_atomics() ? rows * dd.Dh : 0;
+  args.delta = static_cast<float*>(context().flash_scratch(sizeof(float) * (delta_floats + sums)));
+  args.dq_accum = sums > 0 ? args.delta + delta_floats : nullptr;
   dispatch_padded_width(pr.dims.Dh, args, stream,
                       []<int P>(const detail::AttentionBackwardArgs& a, cudaStream_t s) {
                         detail::launch_attention_backward<P>(a, s);

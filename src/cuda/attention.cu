@@ -244,7 +244,7 @@ void launch_attention_backward(const AttentionBackwardArgs& args, cudaStream_t s
   launch_row_delta(args.dims, args.y, args.dy, args.delta, stream);
   flash::launch_backward<kPadded>(
       flash::BackwardIo{args.dims, args.q, args.k, args.v, args.dy, args.delta, args.dq,
-                        args.dk, args.dv},
+                        args.dk, args.dv, args.dq_accum},
       rule, stream);
 }
 

@@ -37,7 +37,8 @@ struct AttentionBackwardArgs {
   uint16_t* dq;
   uint16_t* dk;
   uint16_t* dv;
-  float* delta;  // scratch: B·Hq·T floats (D_p = dy_p · y_p), stream-ordered
+  float* delta;     // scratch: B·Hq·T floats (D_p = dy_p · y_p), stream-ordered
+  float* dq_accum;  // null, or the one-pass dQ's fp32 sums (flash::BackwardIo::dq_accum)
 };
 
 // One decode step (attention_decode_step): q, y [B, Hq, Dh]; k, v [B, Hkv, Dh];

@@ -1,7 +1,10 @@
 #include "cuda/context.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/check.h"
@@ -42,6 +45,19 @@ void* Context::flash_scratch(size_t bytes) {
   }
   return flash_scratch_;
 }
+
+namespace {
+std::atomic<bool>& flash_dq_atomics_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("QUIVER_FLASH_DQ");
+    return env != nullptr && std::string(env) == "atomic";
+  }()};
+  return on;
+}
+}  // namespace
+
+bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
+void set_flash_dq_atomics(bool on) { flash_dq_atomics_flag().store(on); }
 
 Context& context() {
   static std::mutex mutex;

@@ -9,6 +9,7 @@
 // call context() (or run one GEMM of each shape) before capturing.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -31,9 +32,9 @@ class Context {
   cublasLtHandle_t lt() const { return lt_; }
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return kWorkspaceBytes; }
-  // Stream-ordered scratch of at least `bytes` for the flash backward's row terms, grown on
-  // demand (cudaFree, which waits for queued work, then cudaMalloc: not while capturing a graph)
-  // and never shrunk; its contents do not outlive the call that asked for it.
+  // Stream-ordered scratch of at least `bytes` for the flash backward's row terms and its
+  // one-pass dQ sums, grown on demand (cudaFree, which waits for queued work, then cudaMalloc: not
+  // while capturing a graph) and never shrunk; its contents do not outlive the call that asked.
   void* flash_scratch(size_t bytes);
 
  private:
@@ -46,6 +47,15 @@ class Context {
 
 // The context of the current device (cudaGetDevice), created on first call. Thread-safe.
 Context& context();
+
+// The flash backward's dQ (attention and FlashRelation). Off (the default): a second tile pass
+// per query tile recomputes the scores and owns each dq row, so results are bitwise
+// reproducible. On: the dK/dV pass also adds each tile's dS·K into fp32 sums with atomics and a
+// row pass rounds them (FlashAttention-2's one pass): the score rule runs once instead of twice,
+// but the order of the additions, so dq's last bits, vary from run to run. Head widths above 96
+// keep the two passes. Starts from QUIVER_FLASH_DQ=atomic (anything else: off).
+bool flash_dq_atomics();
+void set_flash_dq_atomics(bool on);
 
 }  // namespace quiver::cuda
 

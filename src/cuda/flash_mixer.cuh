@@ -81,6 +81,9 @@ struct BackwardIo {
   uint16_t* dq;
   uint16_t* dk;
   uint16_t* dv;
+  // Null: dq by its own tile pass. Else (flash_dq_atomics, context.h) fp32 scratch of q's shape
+  // where the dK/dV pass adds dS·K with atomics (launch_backward zeroes it); a row pass rounds it.
+  float* dq_accum;
 };
 
 struct RowWeights {
@@ -531,7 +534,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
 // are summed in a fixed order:
 //   (P_pj, dS_pj) = rule.grad(q_p·k_j, norm_p, dy_p·v_j, D_p),
 //   dv_j = Σ_p P_pj dy_p,  dk_j = scale · Σ_p dS_pj q_p (plus the Self row terms).
-template <int kPadded, class Rule>
+// kAtomicDq (kDkdvQueryTile == 64 only): each iteration also adds its query tile's dQ share,
+// dS · K over this key tile, into a.dq_accum with atomics (dq_finish_kernel rounds the sums).
+template <int kPadded, class Rule, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(const BackwardIo a, const Rule rule) {
   constexpr int S = kRowStride<kPadded>;
@@ -547,6 +552,10 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* dys = qs + 2 * kBr * S;                       //   query and dy tiles
   float* norm_s = reinterpret_cast<float*>(dys + 2 * kBr * S);  // 2 stages of [kBr], base 2
   float* delta_s = norm_s + 2 * kBr;                            // 2 stages of [kBr]
+  // kAtomicDq: dS^T of the iteration, bf16 [64 keys, kBr + 8] (rows 16-byte aligned).
+  constexpr int SQ = kBr + 8;
+  uint16_t* dss = reinterpret_cast<uint16_t*>(delta_s + 2 * kBr);
+  static_assert(!kAtomicDq || kBr == kTile, "the one-pass dQ takes 64-row query tiles, one per warp's 16 rows");
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -650,6 +659,42 @@ __global__ void __launch_bounds__(kThreads)
       pack_a(pa, st, kk);
       pack_a(dsa, dpt, kk);
       mma_by_cols<kPadded>(dv, pa, dyst, dk, dsa, qst, kk * 16);
+    }
+    if constexpr (kAtomicDq) {
+      // Each warp stages its 16 key rows of dS^T (rounded to bf16, as the dK product uses them),
+      // then takes 16 query rows of dS (transposed ldmatrix) against the whole key tile.
+#pragma unroll
+      for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
+          *reinterpret_cast<uint32_t*>(dss + kr * SQ + qc) = pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
+        }
+      __syncthreads();
+      float dq[kDTiles][4];
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        // A fragment rows = queries warp·16.., k = keys 16 kk..: the transpose of dss's block.
+        uint32_t dsq[4];
+        ldmatrix_x4_trans(dsq, dss + (kk * 16 + lane % 8 + (lane / 16) * 8) * SQ + warp * kWarpRows +
+                                   ((lane / 8) % 2) * 8);
+        mma_by_cols<kPadded>(dq, dsq, ks, kk * 16);
+      }
+      const int64_t h = head_of(it);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t p = p0 + warp * kWarpRows + grp + 8 * half;
+        if (p >= T) continue;
+        float* row = a.dq_accum + ((b * T + p) * d.Hq + h) * Dh;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int c = dt * 8 + 2 * tig;
+          if (c < Dh) atomicAdd(row + c, dq[dt][2 * half]);
+          if (c + 1 < Dh) atomicAdd(row + c + 1, dq[dt][2 * half + 1]);
+        }
+      }
     }
     if (threadIdx.x < kBr) {
       norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
@@ -797,17 +842,40 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   store_rows<kPadded>(a.dq + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
 }
 
+// The one-pass dQ's rounding: dq = scale · (the fp32 sums + the Self row term), one warp per row
+// of [B, T, Hq, Dh], as the dQ pass's epilogue computes it.
+template <class Rule>
+__global__ void __launch_bounds__(256) dq_finish_kernel(const BackwardIo a, const Rule rule) {
+  const Dims& d = a.dims;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (row >= d.B * d.T * d.Hq) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t h = row % d.Hq, p = (row / d.Hq) % d.T, b = row / (d.Hq * d.T);
+  float coef = 0.0f;
+  const uint16_t* k_row = nullptr;
+  if constexpr (Rule::kSelf) {  // Hq = Hkv: query row p of head h is also key row p of head h
+    coef = rule.query_self((b * d.Hq + h) * d.T + p);
+    k_row = a.k + row * d.Dh;
+  }
+  const float* acc = a.dq_accum + row * d.Dh;
+  for (int64_t c = lane; c < d.Dh; c += 32) {
+    float v = acc[c];
+    if constexpr (Rule::kSelf) v = fmaf(coef, bf16_load(k_row[c]), v);
+    a.dq[row * d.Dh + c] = bf16_round(rule.scale * v);
+  }
+}
+
 // ---- Launch ---------------------------------------------------------------------------------
 // Dynamic shared memory of the kernels, in bytes.
 template <int kPadded>
 constexpr size_t forward_smem() {
   return sizeof(uint16_t) * 5 * kTile * kRowStride<kPadded>;
 }
-template <int kPadded>
+template <int kPadded, bool kAtomicDq = false>
 constexpr size_t dkdv_smem() {
   constexpr int kBr = kDkdvQueryTile<kPadded>;
-  return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> +
-         sizeof(float) * 4 * kBr;
+  return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> + sizeof(float) * 4 * kBr +
+         (kAtomicDq ? sizeof(uint16_t) * kTile * (kBr + 8) : 0);
 }
 template <int kPadded>
 constexpr size_t dq_smem() {
@@ -838,18 +906,33 @@ void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) 
 }
 
 // The backward's two tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ. io.delta
-// holds D before they run (computed by the caller's row pass).
+// holds D before they run (computed by the caller's row pass). With io.dq_accum (and query
+// tiles of 64 rows: head widths up to 96) one pass: dK/dV with the dQ shares, then their rounding.
 template <int kPadded, class Rule>
 void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
-  auto dkdv = dkdv_kernel<kPadded, Rule>;
+  const dim3 key_grid(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B));
+  if constexpr (kDkdvQueryTile<kPadded> == kTile) {
+    if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
+      const int64_t rows = d.B * d.T * d.Hq;
+      QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * rows * d.Dh, stream));
+      auto dkdv = dkdv_kernel<kPadded, Rule, true>;
+      constexpr size_t bytes = dkdv_smem<kPadded, true>();
+      allow_smem(dkdv, bytes);
+      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      QV_CUDA_CHECK(cudaGetLastError());
+      dq_finish_kernel<Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
+      QV_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
+  auto dkdv = dkdv_kernel<kPadded, Rule, false>;
   auto dq = dq_kernel<kPadded, Rule>;
   constexpr size_t dkdv_bytes = dkdv_smem<kPadded>(), dq_bytes = dq_smem<kPadded>();
   allow_smem(dkdv, dkdv_bytes);
   allow_smem(dq, dq_bytes);
-  dkdv<<<dim3(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B)), kThreads,
-         dkdv_bytes, stream>>>(io, rule);
+  dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
   QV_CUDA_CHECK(cudaGetLastError());
   dq<<<dim3(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B)), kThreads,
        dq_bytes, stream>>>(io, rule);

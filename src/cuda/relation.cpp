@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/relation_launch.h"
 #include "ops/head_shape.h"
 
@@ -116,7 +117,11 @@ void flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v
                                           bf16_out(dp2),
                                           bf16_out(dv),
                                           dlambda_accumulate,
-                                          workspace.raw()};
+                                          workspace.raw(),
+                                          flash_dq_atomics()
+                                              ? static_cast<float*>(context().flash_scratch(
+                                                    sizeof(float) * d.B * d.T * d.H * d.Dh))
+                                              : nullptr};
   dispatch_padded_width(d.Dh, args, stream,
                       []<int P>(const detail::RelationBackwardArgs& a, cudaStream_t s) {
                         detail::launch_relation_backward<P>(a, s);

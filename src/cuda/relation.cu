@@ -342,7 +342,7 @@ void launch_relation_backward(const RelationBackwardArgs& args, cudaStream_t str
   rule.work = w;
   flash::launch_backward<kPadded>(
       flash::BackwardIo{flash_dims(d), args.p1, args.p2, args.v, args.dy, w.delta, args.dp1,
-                        args.dp2, args.dv},
+                        args.dp2, args.dv, args.dq_accum},
       rule, stream);
 }
 

@@ -51,6 +51,7 @@ struct RelationBackwardArgs {
   uint16_t* dv;
   float* dlambda;   // += dL/dλ, or null
   void* workspace;  // relation_backward_workspace_bytes(B, T, H) bytes, 8-byte aligned
+  float* dq_accum;  // null, or the one-pass dQ's fp32 sums (flash::BackwardIo::dq_accum)
 };
 
 struct RelationDecodeArgs {

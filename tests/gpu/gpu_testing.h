@@ -9,6 +9,7 @@
 
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "quiver/rng.h"
 #include "quiver/tensor.h"
 
@@ -20,6 +21,14 @@ inline bool have_gpu() {
   cuda::register_backend();
   return true;
 }
+
+// The flash backward's one-pass dQ (cuda::flash_dq_atomics) for the scope's lifetime.
+struct OnePassDq {
+  OnePassDq() { cuda::set_flash_dq_atomics(true); }
+  ~OnePassDq() { cuda::set_flash_dq_atomics(false); }
+  OnePassDq(const OnePassDq&) = delete;
+  OnePassDq& operator=(const OnePassDq&) = delete;
+};
 
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {

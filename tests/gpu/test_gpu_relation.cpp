@@ -195,9 +195,7 @@ class GpuRelation : public ::testing::TestWithParam<Case> {};
 // Forward: y against the materialized F64 reference, stats against the CPU FlashRelation's.
 // Backward: dp1, dp2, dv and dλ against the CPU FlashRelation backward fed the GPU's y
 // (kTight) and against the materialized reference (kLoose).
-TEST_P(GpuRelation, ForwardAndBackwardMatchTheCpuReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const Case c = GetParam();
+void check_forward_backward(const Case& c) {
   Rng rng(2000 + c.T * 7 + c.Dh + (c.exchange_only ? 1 : 0));
   const Shape shape{c.B, c.T, c.H, c.Dh}, stats_shape{c.B, c.H, c.T, 3};
   const Tensor p1 = random_bf16(shape, rng, -c.amplitude, c.amplitude);
@@ -269,6 +267,19 @@ TEST_P(GpuRelation, ForwardAndBackwardMatchTheCpuReference) {
       dlambda_tol)
       << "got " << dlambda_got << ", reference " << dlambda_ref;
   if (c.T > 1) EXPECT_NE(dlambda_got, 0.0);
+}
+
+TEST_P(GpuRelation, ForwardAndBackwardMatchTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_forward_backward(GetParam());
+}
+
+// The one-pass dQ (cuda::flash_dq_atomics: dQ's shares added with atomics in the dK/dV pass)
+// within the same bounds; head widths above 96 keep the two passes either way.
+TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::OnePassDq one_pass;
+  check_forward_backward(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
