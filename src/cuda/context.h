@@ -50,9 +50,9 @@ Context& context();
 
 // The flash backward's dQ (attention and FlashRelation). Off (the default): a second tile pass
 // per query tile recomputes the scores and owns each dq row, so results are bitwise
-// reproducible. On: the dK/dV pass also adds each tile's dS·K into fp32 sums with atomics and a
-// row pass rounds them (FlashAttention-2's one pass): the score rule runs once instead of twice,
-// but the order of the additions, so dq's last bits, vary from run to run. Head widths above 96
+// reproducible. On: the dK/dV pass also adds each tile's dS·K into fp32 sums (bulk reductions
+// at L2) and a row pass rounds them: the score rule runs once instead of twice, but the order of
+// the additions, so dq's last bits, vary from run to run. Head widths above 96
 // keep the two passes. Starts from QUIVER_FLASH_DQ=atomic (anything else: off).
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);

@@ -55,6 +55,7 @@ inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kWarpRows = 16;  // rows of the mma tile a warp owns
 static_assert(kWarps * kWarpRows == kTile, "the warps of a block cover one 64-row tile");
+static_assert(kTile == kAttentionTile && kAttentionPadStep == 16, "attention_launch.h's sizes");
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -81,8 +82,9 @@ struct BackwardIo {
   uint16_t* dq;
   uint16_t* dk;
   uint16_t* dv;
-  // Null: dq by its own tile pass. Else (flash_dq_atomics, context.h) fp32 scratch of q's shape
-  // where the dK/dV pass adds dS·K with atomics (launch_backward zeroes it); a row pass rounds it.
+  // Null: dq by its own tile pass. Else (flash_dq_atomics, context.h) fp32 scratch of
+  // flash_dq_sum_floats(dims) floats (layout: dq_sum_col) where the dK/dV pass adds dS·K by bulk
+  // reductions (launch_backward zeroes it); a row pass rounds it.
   float* dq_accum;
 };
 
@@ -529,13 +531,25 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
 }
 
 // ---- Backward ---------------------------------------------------------------------------------
+// The one-pass dQ's sums (BackwardIo::dq_accum): per (batch, query head) an fp32 block of
+// [T rounded up to 64, kPadded], query row p's element c at column dq_sum_col(p % 64, c). The
+// column swizzle by the row's low 3 bits spreads a warp's float2 fragment stores over all banks
+// of the shared tile the dK/dV pass stages each share in.
+template <int kPadded>
+__device__ __forceinline__ int dq_sum_col(int r, int c) {
+  return c ^ ((r & 7) << (kPadded % 32 == 0 ? 2 : 1));
+}
+
 // dK, dV. Grid (key tiles, Hkv, B); the lowest key tiles (the most query tiles) run first.
 // Loops over the group's query heads and the query tiles at or after the key tile, so dk and dv
 // are summed in a fixed order:
 //   (P_pj, dS_pj) = rule.grad(q_p·k_j, norm_p, dy_p·v_j, D_p),
 //   dv_j = Σ_p P_pj dy_p,  dk_j = scale · Σ_p dS_pj q_p (plus the Self row terms).
 // kAtomicDq (kDkdvQueryTile == 64 only): each iteration also adds its query tile's dQ share,
-// dS · K over this key tile, into a.dq_accum with atomics (dq_finish_kernel rounds the sums).
+// dS · K over this key tile, into a.dq_accum (dq_finish_kernel rounds the sums): the warps
+// write the share into a shared fp32 tile laid out as the sums are, and one thread adds the
+// whole tile into global memory by one bulk reduction, which runs while the next iteration
+// computes.
 template <int kPadded, class Rule, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(const BackwardIo a, const Rule rule) {
@@ -552,9 +566,11 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* dys = qs + 2 * kBr * S;                       //   query and dy tiles
   float* norm_s = reinterpret_cast<float*>(dys + 2 * kBr * S);  // 2 stages of [kBr], base 2
   float* delta_s = norm_s + 2 * kBr;                            // 2 stages of [kBr]
-  // kAtomicDq: dS^T of the iteration, bf16 [64 keys, kBr + 8] (rows 16-byte aligned).
+  // kAtomicDq: dS^T of the iteration, bf16 [64 keys, kBr + 8] (rows 16-byte aligned), and the
+  // iteration's dQ share, fp32 [64 queries, kPadded] as in dq_accum (dq_sum_col).
   constexpr int SQ = kBr + 8;
   uint16_t* dss = reinterpret_cast<uint16_t*>(delta_s + 2 * kBr);
+  float* dqs = reinterpret_cast<float*>(dss + kTile * SQ);
   static_assert(!kAtomicDq || kBr == kTile, "the one-pass dQ takes 64-row query tiles, one per warp's 16 rows");
 
   const Dims& d = a.dims;
@@ -670,37 +686,50 @@ __global__ void __launch_bounds__(kThreads)
           const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
           *reinterpret_cast<uint32_t*>(dss + kr * SQ + qc) = pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
         }
+      if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
       __syncthreads();
-      float dq[kDTiles][4];
+      // A fragments: rows = queries warp·16.., k = keys 16 kk..: the transpose of dss's blocks.
+      uint32_t dsq[kTile / 16][4];
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+      for (int kk = 0; kk < kTile / 16; ++kk)
+        ldmatrix_x4_trans(dsq[kk], dss + (kk * 16 + lane % 8 + (lane / 16) * 8) * SQ + warp * kWarpRows +
+                                       ((lane / 8) % 2) * 8);
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        // A fragment rows = queries warp·16.., k = keys 16 kk..: the transpose of dss's block.
-        uint32_t dsq[4];
-        ldmatrix_x4_trans(dsq, dss + (kk * 16 + lane % 8 + (lane / 16) * 8) * SQ + warp * kWarpRows +
-                                   ((lane / 8) % 2) * 8);
-        mma_by_cols<kPadded>(dq, dsq, ks, kk * 16);
-      }
-      const int64_t h = head_of(it);
+      for (int dp = 0; dp < kPadded / 16; ++dp) {
+        float dq[2][4] = {};
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t p = p0 + warp * kWarpRows + grp + 8 * half;
-        if (p >= T) continue;
-        float* row = a.dq_accum + ((b * T + p) * d.Hq + h) * Dh;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          const int c = dt * 8 + 2 * tig;
-          if (c < Dh) atomicAdd(row + c, dq[dt][2 * half]);
-          if (c + 1 < Dh) atomicAdd(row + c + 1, dq[dt][2 * half + 1]);
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+          uint32_t kb[4];
+          load_b_of_cols<kPadded>(kb, ks, kk * 16, dp * 16);
+          mma_bf16(dq[0], dsq[kk], kb[0], kb[1]);
+          mma_bf16(dq[1], dsq[kk], kb[2], kb[3]);
         }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = warp * kWarpRows + grp + 8 * half, c = dp * 16 + n * 8 + 2 * tig;
+            *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
+                make_float2(dq[n][2 * half], dq[n][2 * half + 1]);
+          }
       }
+      fence_proxy_async_shared();  // the shares are read by the bulk reduction below
     }
     if (threadIdx.x < kBr) {
       norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
       delta_s[(stage ^ 1) * kBr + threadIdx.x] = delta_next;
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    if constexpr (kAtomicDq) {
+      if (threadIdx.x == 0) {
+        const int64_t t_pad = (T + kTile - 1) / kTile * kTile;
+        bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * t_pad + p0) * kPadded, dqs,
+                            sizeof(float) * kTile * kPadded);
+      }
+    }
+  }
+  if constexpr (kAtomicDq) {
+    if (threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
   }
 
   if constexpr (Rule::kSelf) {  // Hq = Hkv: key row j of head g is also query row j of head g
@@ -844,7 +873,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
 
 // The one-pass dQ's rounding: dq = scale · (the fp32 sums + the Self row term), one warp per row
 // of [B, T, Hq, Dh], as the dQ pass's epilogue computes it.
-template <class Rule>
+template <int kPadded, class Rule>
 __global__ void __launch_bounds__(256) dq_finish_kernel(const BackwardIo a, const Rule rule) {
   const Dims& d = a.dims;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
@@ -857,9 +886,10 @@ __global__ void __launch_bounds__(256) dq_finish_kernel(const BackwardIo a, cons
     coef = rule.query_self((b * d.Hq + h) * d.T + p);
     k_row = a.k + row * d.Dh;
   }
-  const float* acc = a.dq_accum + row * d.Dh;
-  for (int64_t c = lane; c < d.Dh; c += 32) {
-    float v = acc[c];
+  const int64_t t_pad = (d.T + kTile - 1) / kTile * kTile;
+  const float* acc = a.dq_accum + ((b * d.Hq + h) * t_pad + p) * kPadded;
+  for (int c = lane; c < d.Dh; c += 32) {
+    float v = acc[dq_sum_col<kPadded>(static_cast<int>(p & 7), c)];
     if constexpr (Rule::kSelf) v = fmaf(coef, bf16_load(k_row[c]), v);
     a.dq[row * d.Dh + c] = bf16_round(rule.scale * v);
   }
@@ -875,7 +905,7 @@ template <int kPadded, bool kAtomicDq = false>
 constexpr size_t dkdv_smem() {
   constexpr int kBr = kDkdvQueryTile<kPadded>;
   return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> + sizeof(float) * 4 * kBr +
-         (kAtomicDq ? sizeof(uint16_t) * kTile * (kBr + 8) : 0);
+         (kAtomicDq ? sizeof(uint16_t) * kTile * (kBr + 8) + sizeof(float) * kTile * kPadded : 0);
 }
 template <int kPadded>
 constexpr size_t dq_smem() {
@@ -916,13 +946,13 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
   if constexpr (kDkdvQueryTile<kPadded> == kTile) {
     if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
       const int64_t rows = d.B * d.T * d.Hq;
-      QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * rows * d.Dh, stream));
+      QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
       auto dkdv = dkdv_kernel<kPadded, Rule, true>;
       constexpr size_t bytes = dkdv_smem<kPadded, true>();
       allow_smem(dkdv, bytes);
       dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
-      dq_finish_kernel<Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
+      dq_finish_kernel<kPadded, Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
       return;
     }

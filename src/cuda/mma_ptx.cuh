@@ -1,6 +1,6 @@
 // PTX wrappers shared by the tensor-core kernels (flash_mixer.cuh, algproj_fused.cu):
-// asynchronous copies into shared memory, ldmatrix, and mma.sync m16n8k16 in bf16 with fp32
-// accumulators. Device code only.
+// asynchronous copies into shared memory, ldmatrix, mma.sync m16n8k16 in bf16 with fp32
+// accumulators, and bulk reductions from shared into global memory. Device code only.
 #pragma once
 #include <cstdint>
 
@@ -46,6 +46,23 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Bulk reductions by the tensor memory accelerator (sm_90), one thread issuing: `bytes` (a
+// multiple of 16; both addresses 16-byte aligned) of fp32 in shared memory added element-wise
+// into global memory at L2. Before the issue, the writers of `src` fence the generic proxy's
+// stores (fence_proxy_async_shared) and synchronize with the issuing thread; `src` may be
+// rewritten once bulk_wait_read returns, and the sums are complete once bulk_wait returns.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 }  // namespace quiver::cuda::detail

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cuda/attention_launch.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
 #include "cuda/relation_launch.h"
@@ -120,7 +121,8 @@ void flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v
                                           workspace.raw(),
                                           flash_dq_atomics()
                                               ? static_cast<float*>(context().flash_scratch(
-                                                    sizeof(float) * d.B * d.T * d.H * d.Dh))
+                                                    sizeof(float) * detail::flash_dq_sum_floats(
+                                                                        {d.B, d.T, d.H, d.H, d.Dh})))
                                               : nullptr};
   dispatch_padded_width(d.Dh, args, stream,
                       []<int P>(const detail::RelationBackwardArgs& a, cudaStream_t s) {
