@@ -1,6 +1,7 @@
 // Kernels of the element-wise ops: bf16 <-> fp32 conversion, embedding, RoPE, SwiGLU, GELU.
 // Storage is bf16 (uint16_t bit patterns), arithmetic fp32 (RoPE angles formed and reduced in
-// fp64, as the CPU reference forms them). Simple grid-stride kernels; tuning comes later.
+// fp64, as the CPU reference forms them). Grid-stride kernels, 8 items per access where the
+// pointers allow.
 #include <cmath>
 
 #include "cuda/check.h"
@@ -76,10 +77,13 @@ __device__ __forceinline__ void rope_cos_sin(double angle, float* c, float* s) {
 // One block per kRopeRows consecutive rows (row = b·seq + t). The block first puts the rows'
 // cos/sin (one per (row, pair), shared by every head) in shared memory; then its threads apply
 // them to every (row, head, pair), consecutive threads on consecutive elements of a head, so
-// loads and stores coalesce and no thread walks the heads in sequence. The fp64 frequencies
-// come from the host (kernel parameters): an fp64 pow per block would delay every block.
-constexpr int kRopeRows = 8;
+// loads and stores coalesce and no thread walks the heads in sequence; with kStep = 8 (Dh/2 a
+// multiple of 8, x and y 16-byte aligned) a thread takes 8 consecutive pairs. The fp64
+// frequencies come from the host (kernel parameters): an fp64 pow per block would delay every
+// block.
+constexpr int kRopeRows = 16;
 
+template <int kStep>
 __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_t seq, int heads,
                             int head_dim, int64_t pos0, const int32_t* pos_offset,
                             RopeFrequencies freqs, float sign) {
@@ -100,38 +104,75 @@ __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_
   }
   __syncthreads();
   // 32-bit index arithmetic inside the block (at most kRopeRows · heads · half pairs).
-  const int per_row = heads * half;
+  const int per_row = heads * half / kStep;  // steps of kStep pairs
   for (int k = threadIdx.x; k < block_rows * per_row; k += blockDim.x) {
-    const int r = k / per_row, rem = k - r * per_row;
+    const int r = k / per_row, rem = (k - r * per_row) * kStep;
     const int h = rem / half, i = rem - h * half;
-    const float c = cos_table[r * half + i], s = sin_table[r * half + i];
     const int64_t index = ((row0 + r) * heads + h) * head_dim + i;
-    const float a = bf16_load(x[index]), b = bf16_load(x[index + half]);
-    y[index] = bf16_round(a * c - b * s);
-    y[index + half] = bf16_round(a * s + b * c);
+    float a[kStep], b[kStep];
+    load_cols<kStep>(x + index, a);
+    load_cols<kStep>(x + index + half, b);
+#pragma unroll
+    for (int e = 0; e < kStep; ++e) {
+      const float c = cos_table[r * half + i + e], s = sin_table[r * half + i + e];
+      const float lo = a[e] * c - b[e] * s, hi = a[e] * s + b[e] * c;
+      a[e] = lo;
+      b[e] = hi;
+    }
+    store_cols<kStep>(y + index, a);
+    store_cols<kStep>(y + index + half, b);
   }
 }
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
+// The element-wise kernels below take `vec` (every pointer 16-byte aligned): items [0, 8·⌊n/8⌋)
+// then go 8 at a time, the rest one at a time; each item gets the same fp32 arithmetic either way.
 __global__ void swiglu_forward_kernel(const uint16_t* gate, const uint16_t* up, uint16_t* out,
-                                      int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+                                      int64_t n, bool vec) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t k = start; k < groups; k += stride) {
+    float g[8], u[8];
+    load_cols<8>(gate + 8 * k, g);
+    load_cols<8>(up + 8 * k, u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = g[e] * sigmoid(g[e]) * u[e];
+    store_cols<8>(out + 8 * k, g);
+  }
+  for (int64_t i = 8 * groups + start; i < n; i += stride) {
     const float g = bf16_load(gate[i]);
     out[i] = bf16_round(g * sigmoid(g) * bf16_load(up[i]));
   }
 }
 
 // dgate = dout · up · σ(g)(1 + g(1 − σ(g))), dup = dout · silu(g).
+__device__ __forceinline__ void swiglu_grad(float d, float g, float u, float& dgate, float& dup) {
+  const float s = sigmoid(g);
+  dgate = d * u * s * (1.0f + g * (1.0f - s));
+  dup = d * g * s;
+}
+
 __global__ void swiglu_backward_kernel(const uint16_t* dout, const uint16_t* gate,
                                        const uint16_t* up, uint16_t* dgate, uint16_t* dup,
-                                       int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = bf16_load(gate[i]), s = sigmoid(g), d = bf16_load(dout[i]);
-    dgate[i] = bf16_round(d * bf16_load(up[i]) * s * (1.0f + g * (1.0f - s)));
-    dup[i] = bf16_round(d * g * s);
+                                       int64_t n, bool vec) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t k = start; k < groups; k += stride) {
+    float d[8], g[8], u[8], dg[8], du[8];
+    load_cols<8>(dout + 8 * k, d);
+    load_cols<8>(gate + 8 * k, g);
+    load_cols<8>(up + 8 * k, u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) swiglu_grad(d[e], g[e], u[e], dg[e], du[e]);
+    store_cols<8>(dgate + 8 * k, dg);
+    store_cols<8>(dup + 8 * k, du);
+  }
+  for (int64_t i = 8 * groups + start; i < n; i += stride) {
+    float dg, du;
+    swiglu_grad(bf16_load(dout[i]), bf16_load(gate[i]), bf16_load(up[i]), dg, du);
+    dgate[i] = bf16_round(dg);
+    dup[i] = bf16_round(du);
   }
 }
 
@@ -143,27 +184,50 @@ __device__ __forceinline__ float gelu_gate(float v) {
   return sigmoid(2.0f * kGeluScale * (v + kGeluCubic * v * v * v));
 }
 
-__global__ void gelu_forward_kernel(const uint16_t* x, uint16_t* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+// d gelu(v) / dv.
+__device__ __forceinline__ float gelu_slope(float v) {
+  const float s = gelu_gate(v);
+  const float spread = s * (1.0f - s);
+  // Where the gate has saturated, spread = 0 and v² may have overflowed: skip the 0 · ∞.
+  const float curvature =
+      spread == 0.0f ? 0.0f : 2.0f * v * spread * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+  return s + curvature;
+}
+
+__global__ void gelu_forward_kernel(const uint16_t* x, uint16_t* y, int64_t n, bool vec) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t k = start; k < groups; k += stride) {
+    float v[8];
+    load_cols<8>(x + 8 * k, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] *= gelu_gate(v[e]);
+    store_cols<8>(y + 8 * k, v);
+  }
+  for (int64_t i = 8 * groups + start; i < n; i += stride) {
     const float v = bf16_load(x[i]);
     y[i] = bf16_round(v * gelu_gate(v));
   }
 }
 
 __global__ void gelu_backward_kernel(const uint16_t* dy, const uint16_t* x, uint16_t* dx,
-                                     int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = bf16_load(x[i]);
-    const float s = gelu_gate(v);
-    const float spread = s * (1.0f - s);
-    // Where the gate has saturated, spread = 0 and v² may have overflowed: skip the 0 · ∞.
-    const float curvature =
-        spread == 0.0f ? 0.0f : 2.0f * v * spread * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-    dx[i] = bf16_round(bf16_load(dy[i]) * (s + curvature));
+                                     int64_t n, bool vec) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t k = start; k < groups; k += stride) {
+    float d[8], v[8];
+    load_cols<8>(dy + 8 * k, d);
+    load_cols<8>(x + 8 * k, v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] *= gelu_slope(v[e]);
+    store_cols<8>(dx + 8 * k, d);
   }
+  for (int64_t i = 8 * groups + start; i < n; i += stride)
+    dx[i] = bf16_round(bf16_load(dy[i]) * gelu_slope(bf16_load(x[i])));
 }
+
+// Blocks for a kernel that takes 8 items per thread step when `vec`.
+unsigned grid_for_items(int64_t n, bool vec) { return grid_for(vec ? (n + 7) / 8 : n, kThreads); }
 
 }  // namespace
 
@@ -205,7 +269,8 @@ void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int
   for (int64_t i = 0; i < half; ++i)  // as the CPU reference (ops/rope.cpp)
     freqs.inv_freq[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
   const size_t shared_bytes = static_cast<size_t>(half) * 2 * kRopeRows * sizeof(float);
-  rope_kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
+  auto kernel = half % 8 == 0 && aligned16({x, y}) ? rope_kernel<8> : rope_kernel<1>;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
       x, y, rows, seq, static_cast<int>(heads), static_cast<int>(head_dim), pos0, pos_offset, freqs,
       inverse ? -1.0f : 1.0f);
   QV_CUDA_CHECK(cudaGetLastError());
@@ -214,28 +279,31 @@ void launch_rope(const uint16_t* x, uint16_t* y, int64_t batch, int64_t seq, int
 void launch_swiglu_forward(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
                            cudaStream_t stream) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, out, n);
+  const bool vec = aligned16({gate, up, out});
+  swiglu_forward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(gate, up, out, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_swiglu_backward(const uint16_t* dout, const uint16_t* gate, const uint16_t* up,
                             uint16_t* dgate, uint16_t* dup, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dout, gate, up, dgate,
-                                                                         dup, n);
+  const bool vec = aligned16({dout, gate, up, dgate, dup});
+  swiglu_backward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_gelu_forward(const uint16_t* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  gelu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, y, n);
+  const bool vec = aligned16({x, y});
+  gelu_forward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(x, y, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_gelu_backward(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n,
                           cudaStream_t stream) {
   if (n == 0) return;
-  gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dy, x, dx, n);
+  const bool vec = aligned16({dy, x, dx});
+  gelu_backward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(dy, x, dx, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,6 +4,7 @@
 // pattern of quiver::bf16). No launcher synchronizes the host.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_runtime.h>
 
@@ -108,6 +109,47 @@ __device__ __forceinline__ uint16_t bf16_round(float value) {
 __device__ __forceinline__ float param_load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float param_load(const uint16_t* p, int64_t i) { return bf16_load(p[i]); }
 
+// kStep (1 or 8) consecutive values as floats, and back (bf16 stores round). With kStep = 8 the
+// address must be 16-byte aligned: one 16-byte access for bf16, two for fp32.
+template <int kStep>
+__device__ __forceinline__ void load_cols(const uint16_t* p, float (&v)[kStep]) {
+  static_assert(kStep == 1 || kStep == 8, "1 or 8 columns");
+  if constexpr (kStep == 1) {
+    v[0] = bf16_load(*p);
+  } else {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+}
+template <int kStep>
+__device__ __forceinline__ void load_cols(const float* p, float (&v)[kStep]) {
+  static_assert(kStep == 1 || kStep == 8, "1 or 8 columns");
+  if constexpr (kStep == 1) {
+    v[0] = *p;
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+template <int kStep>
+__device__ __forceinline__ void store_cols(uint16_t* p, const float (&v)[kStep]) {
+  static_assert(kStep == 1 || kStep == 8, "1 or 8 columns");
+  if constexpr (kStep == 1) {
+    *p = bf16_round(v[0]);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = static_cast<uint32_t>(bf16_round(v[2 * i])) | (static_cast<uint32_t>(bf16_round(v[2 * i + 1])) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // Fixed-order block sum in double (deterministic for a fixed blockDim, a multiple of 32);
 // scratch holds blockDim.x / 32 doubles in shared memory.
 __device__ __forceinline__ double block_sum_double(double v, double* scratch) {
@@ -124,6 +166,14 @@ __device__ __forceinline__ double block_sum_double(double v, double* scratch) {
   const double total = scratch[0];
   __syncthreads();
   return total;
+}
+
+// Whether every pointer is 16-byte aligned (a null pointer counts as aligned): the condition of
+// the 8-wide paths of the element-wise kernels.
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 // Grid size for a grid-stride loop over n items: enough blocks to fill the GPU, capped.
