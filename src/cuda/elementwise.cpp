@@ -167,7 +167,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Tensor& mean, const Tensor& rstd, Tensor& dx,
                         Tensor& dweight_accumulate, Tensor& dbias_accumulate,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool accumulate_dx) {
   const char* op = "cuda::layernorm_backward";
   const Rows rows = bf16_rows(x, op, "x");
   check_like(dy, x, DType::BF16, op, "dy", "x");
@@ -178,7 +178,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_vector(dweight_accumulate, rows.width, DType::F32, op, "dweight");
   check_vector(dbias_accumulate, rows.width, DType::F32, op, "dbias");
   detail::launch_norm_backward(bf16_in(dy), bf16_in(x), weight.raw(), bf16, f32_in(mean),
-                               f32_in(rstd), rows.count, rows.width, bf16_out(dx),
+                               f32_in(rstd), rows.count, rows.width, bf16_out(dx), accumulate_dx,
                                f32_out(dweight_accumulate), f32_out(dbias_accumulate),
                                norm_scratch(), norm_scratch_floats(), stream);
 }
@@ -196,7 +196,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& 
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                      Tensor& dx, Tensor& dweight_accumulate, cudaStream_t stream) {
+                      Tensor& dx, Tensor& dweight_accumulate, cudaStream_t stream,
+                      bool accumulate_dx) {
   const char* op = "cuda::rmsnorm_backward";
   const Rows rows = bf16_rows(x, op, "x");
   check_like(dy, x, DType::BF16, op, "dy", "x");
@@ -205,7 +206,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   check_like(dx, x, DType::BF16, op, "dx", "x");
   check_vector(dweight_accumulate, rows.width, DType::F32, op, "dweight");
   detail::launch_norm_backward(bf16_in(dy), bf16_in(x), weight.raw(), bf16, nullptr, f32_in(rstd),
-                               rows.count, rows.width, bf16_out(dx), f32_out(dweight_accumulate),
+                               rows.count, rows.width, bf16_out(dx), accumulate_dx, f32_out(dweight_accumulate),
                                nullptr, norm_scratch(), norm_scratch_floats(), stream);
 }
 

@@ -22,7 +22,8 @@ void launch_embedding_backward(const int32_t* tokens, int64_t n, const uint16_t*
                                int64_t width, float* dtable, cudaStream_t stream);
 
 // Norms over rows of width D; x, y, dy, dx bf16 [rows, D]; mean, rstd fp32 [rows];
-// weight/bias are fp32 (weight_bf16 false) or bf16 (true); dweight/dbias fp32, accumulated.
+// weight/bias are fp32 (weight_bf16 false) or bf16 (true); dweight/dbias fp32, accumulated;
+// dx assigned, or added to (accumulate_dx).
 // bias/mean/dbias are null for RMSNorm. The backward's parameter sums split the rows over
 // blocks and add the splits in a fixed order through `scratch` (scratch_floats fp32; null:
 // one split, slow for many rows); calls sharing a scratch must be ordered (one stream).
@@ -31,7 +32,7 @@ void launch_norm_forward(const uint16_t* x, const void* weight, const void* bias
                          float* rstd, cudaStream_t stream);
 void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* weight,
                           bool weight_bf16, const float* mean, const float* rstd, int64_t rows,
-                          int64_t width, uint16_t* dx, float* dweight, float* dbias,
+                          int64_t width, uint16_t* dx, bool accumulate_dx, float* dweight, float* dbias,
                           float* scratch, int64_t scratch_floats, cudaStream_t stream);
 
 // RoPE on contiguous bf16 [batch, seq, heads, head_dim]; y may equal x. Row t is at position

@@ -561,14 +561,16 @@ void norm_forward(const model::ModelConfig& cfg, const Tensor& x, const DevicePa
     rmsnorm_forward(x, w.master, cfg.norm_eps, y, rstd, s);
 }
 
+// dx assigned, or (accumulate_dx) the norm's gradient added to it: a residual branch's.
 void norm_backward(const model::ModelConfig& cfg, const Tensor& dy, const Tensor& x, const DeviceParam& w,
-                   const DeviceParam& b, const Tensor& mean, const Tensor& rstd, Tensor& dx, cudaStream_t s) {
+                   const DeviceParam& b, const Tensor& mean, const Tensor& rstd, Tensor& dx, cudaStream_t s,
+                   bool accumulate_dx = false) {
   Tensor gw = w.grad;
   if (cfg.norm == "layernorm") {
     Tensor gb = b.grad;
-    layernorm_backward(dy, x, w.master, mean, rstd, dx, gw, gb, s);
+    layernorm_backward(dy, x, w.master, mean, rstd, dx, gw, gb, s, accumulate_dx);
   } else {
-    rmsnorm_backward(dy, x, w.master, rstd, dx, gw, s);
+    rmsnorm_backward(dy, x, w.master, rstd, dx, gw, s, accumulate_dx);
   }
 }
 
@@ -844,9 +846,7 @@ void GpuModel::backward(Acts& A, const GradientsFinal& on_final) {
       ffn_back(A.df_up, a.h2, L.ffn_up, L.ffn_up_b, up, A.dh, false);
     }
     mark("bwd norm");
-    norm_backward(cfg_, A.dh, a.x_mid, L.norm2_w, L.norm2_b, a.mean2, a.rstd2, A.dtmp, s);
-    mark("bwd residual adds");
-    detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_mid
+    norm_backward(cfg_, A.dh, a.x_mid, L.norm2_w, L.norm2_b, a.mean2, a.rstd2, A.dx, s, true);  // d x_mid
 
     // Mixer: x_mid = x_in + y W_O (+ b_O).
     mark("bwd mixer projections");
@@ -913,9 +913,7 @@ void GpuModel::backward(Acts& A, const GradientsFinal& on_final) {
       }
     }
     mark("bwd norm");
-    norm_backward(cfg_, A.dh, a.x_in, L.norm1_w, L.norm1_b, a.mean1, a.rstd1, A.dtmp, s);
-    mark("bwd residual adds");
-    detail::launch_add_bf16(bf16(A.dx), bf16(A.dtmp), N * D, s);  // d x_in
+    norm_backward(cfg_, A.dh, a.x_in, L.norm1_w, L.norm1_b, a.mean1, a.rstd1, A.dx, s, true);  // d x_in
     stage_done();  // layer l
   }
   mark("bwd embedding");

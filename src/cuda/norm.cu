@@ -69,12 +69,12 @@ __global__ void __launch_bounds__(32 * kRowWarps)
 }
 
 // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ weight (RMSNorm: no mean(g) term,
-// x̂ = x · rstd). Assigned.
+// x̂ = x · rstd). Assigned, or added to dx's old values when `accumulate`.
 template <typename W, bool kLayer, int kStep>
 __global__ void __launch_bounds__(32 * kRowWarps)
     norm_backward_dx_kernel(const uint16_t* dy, const uint16_t* x, const W* weight,
                             const float* mean_in, const float* rstd_in, int64_t rows, int64_t width,
-                            uint16_t* dx) {
+                            uint16_t* dx, bool accumulate) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (row >= rows) return;
   const int64_t first = static_cast<int64_t>(threadIdx.x % 32) * kStep, stride = 32 * kStep;
@@ -100,14 +100,15 @@ __global__ void __launch_bounds__(32 * kRowWarps)
   const float gx_mean = warp_sum(gx_sum) * inv_width;
   uint16_t* dxr = dx + row * width;
   for (int64_t d = first; d < width; d += stride) {
-    float xv[kStep], g[kStep], w[kStep];
+    float xv[kStep], g[kStep], w[kStep], old[kStep] = {};
     load_cols<kStep>(xr + d, xv);
     load_cols<kStep>(dyr + d, g);
     load_cols<kStep>(weight + d, w);
+    if (accumulate) load_cols<kStep>(dxr + d, old);
 #pragma unroll
     for (int e = 0; e < kStep; ++e) {
       const float xhat = (xv[e] - mean) * rstd;
-      xv[e] = rstd * (g[e] * w[e] - g_mean - xhat * gx_mean);
+      xv[e] = old[e] + rstd * (g[e] * w[e] - g_mean - xhat * gx_mean);
     }
     store_cols<kStep>(dxr + d, xv);
   }
@@ -219,11 +220,11 @@ void norm_forward_typed(const uint16_t* x, const W* weight, const W* bias, float
 template <typename W>
 void norm_backward_dx_typed(const uint16_t* dy, const uint16_t* x, const W* weight,
                             const float* mean, const float* rstd, int64_t rows, int64_t width,
-                            uint16_t* dx, cudaStream_t stream) {
+                            uint16_t* dx, bool accumulate, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
   const bool vec = width % 8 == 0 && aligned16({dy, x, weight, dx});
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, 32 * kRowWarps, 0, stream>>>(dy, x, weight, mean, rstd, rows, width, dx);
+    kernel<<<blocks, 32 * kRowWarps, 0, stream>>>(dy, x, weight, mean, rstd, rows, width, dx, accumulate);
   };
   if (mean)
     vec ? launch(norm_backward_dx_kernel<W, true, 8>) : launch(norm_backward_dx_kernel<W, true, 1>);
@@ -248,15 +249,15 @@ void launch_norm_forward(const uint16_t* x, const void* weight, const void* bias
 
 void launch_norm_backward(const uint16_t* dy, const uint16_t* x, const void* weight,
                           bool weight_bf16, const float* mean, const float* rstd, int64_t rows,
-                          int64_t width, uint16_t* dx, float* dweight, float* dbias,
+                          int64_t width, uint16_t* dx, bool accumulate_dx, float* dweight, float* dbias,
                           float* scratch, int64_t scratch_floats, cudaStream_t stream) {
   if (rows == 0) return;
   if (weight_bf16)
     norm_backward_dx_typed(dy, x, static_cast<const uint16_t*>(weight), mean, rstd, rows, width,
-                           dx, stream);
+                           dx, accumulate_dx, stream);
   else
     norm_backward_dx_typed(dy, x, static_cast<const float*>(weight), mean, rstd, rows, width, dx,
-                           stream);
+                           accumulate_dx, stream);
   // Splits of at least 512 rows, at most 128 of them, as the scratch allows.
   int64_t splits = std::min<int64_t>(128, (rows + 511) / 512);
   while (splits > 1 && splits * width * 2 > scratch_floats) splits /= 2;

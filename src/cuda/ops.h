@@ -37,7 +37,8 @@ void embedding_backward_accumulate(const int32_t* tokens, int64_t n, const Tenso
 
 // LayerNorm / RMSNorm over the last dimension, as ops/norm.h. x, y, dy, dx BF16 [N, D];
 // weight, bias F32 or BF16 [D] (one dtype); mean, rstd F32 with N elements (written by the
-// forward pass); dweight, dbias F32 [D], accumulated (+=). dx is assigned. The backward's
+// forward pass); dweight, dbias F32 [D], accumulated (+=). dx is assigned, or with
+// accumulate_dx the norm's gradient is added to it (one rounding: bf16(dx + d norm)). The backward's
 // parameter sums borrow the device's GEMM workspace (context.h), so norms and GEMMs running
 // concurrently on different streams must be ordered.
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
@@ -45,11 +46,12 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Tensor& mean, const Tensor& rstd, Tensor& dx,
                         Tensor& dweight_accumulate, Tensor& dbias_accumulate,
-                        cudaStream_t stream = nullptr);
+                        cudaStream_t stream = nullptr, bool accumulate_dx = false);
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd,
                      cudaStream_t stream = nullptr);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                      Tensor& dx, Tensor& dweight_accumulate, cudaStream_t stream = nullptr);
+                      Tensor& dx, Tensor& dweight_accumulate, cudaStream_t stream = nullptr,
+                      bool accumulate_dx = false);
 
 // RoPE, rotate_half convention of ops/rope.h, on BF16 [T, H, Dh] or [B, T, H, Dh]; row t at
 // position pos0 + t. Angles are formed and reduced modulo π/2 in fp64, their cos/sin taken in

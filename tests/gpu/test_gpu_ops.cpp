@@ -141,7 +141,8 @@ TEST(GpuOps, EmbeddingForwardAndAccumulatingBackward) {
 namespace {
 
 // LayerNorm (with_bias) or RMSNorm at one shape and parameter dtype, forward and backward
-// (backward twice, to check that dweight/dbias accumulate and dx is assigned).
+// (backward twice, to check that dweight/dbias accumulate and dx is assigned; then once adding
+// into dx).
 void check_norm(bool layer, const Shape& shape, DType param_dtype, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << (layer ? "layernorm " : "rmsnorm ") << shape_str(shape)
                                   << " params " << dtype_name(param_dtype));
@@ -196,6 +197,19 @@ void check_norm(bool layer, const Shape& shape, DType param_dtype, uint64_t seed
   EXPECT_LT(rel_error(f64(got_dx), ref_dx), kBf16Tol);
   EXPECT_LT(rel_error(f64(to_host(dw)), ref_dw), kF32Tol);
   if (layer) EXPECT_LT(rel_error(f64(to_host(db)), ref_db), kF32Tol);
+
+  // accumulate_dx: dx (a residual gradient) += the norm's gradient, rounded once.
+  Tensor dx0 = random_bf16(shape, rng);
+  Tensor dev_acc = to_device(dx0);
+  if (layer)
+    cuda::layernorm_backward(dev_dy, dev_x, dev_w, mean, rstd, dev_acc, dw, db, nullptr, true);
+  else
+    cuda::rmsnorm_backward(dev_dy, dev_x, dev_w, rstd, dev_acc, dw, nullptr, true);
+  Tensor ref_acc = f64(dx0);
+  const double* r = ref_dx.data<double>();
+  double* o = ref_acc.data<double>();
+  for (int64_t i = 0; i < ref_acc.numel(); ++i) o[i] += r[i];
+  EXPECT_LT(rel_error(f64(to_host(dev_acc)), ref_acc), kBf16Tol);
 }
 
 }  // namespace
