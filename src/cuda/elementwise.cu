@@ -126,54 +126,37 @@ __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-// The element-wise kernels below take `vec` (every pointer 16-byte aligned): items [0, 8·⌊n/8⌋)
-// then go 8 at a time, the rest one at a time; each item gets the same fp32 arithmetic either way.
+// The element-wise kernels below loop by for_items (elementwise_launch.h).
 __global__ void swiglu_forward_kernel(const uint16_t* gate, const uint16_t* up, uint16_t* out,
                                       int64_t n, bool vec) {
-  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t groups = vec ? n / 8 : 0;
-  for (int64_t k = start; k < groups; k += stride) {
-    float g[8], u[8];
-    load_cols<8>(gate + 8 * k, g);
-    load_cols<8>(up + 8 * k, u);
+  for_items(n, vec, [&]<int kStep>(int64_t i) {
+    float g[kStep], u[kStep];
+    load_cols<kStep>(gate + i, g);
+    load_cols<kStep>(up + i, u);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) g[e] = g[e] * sigmoid(g[e]) * u[e];
-    store_cols<8>(out + 8 * k, g);
-  }
-  for (int64_t i = 8 * groups + start; i < n; i += stride) {
-    const float g = bf16_load(gate[i]);
-    out[i] = bf16_round(g * sigmoid(g) * bf16_load(up[i]));
-  }
+    for (int e = 0; e < kStep; ++e) g[e] = g[e] * sigmoid(g[e]) * u[e];
+    store_cols<kStep>(out + i, g);
+  });
 }
 
 // dgate = dout · up · σ(g)(1 + g(1 − σ(g))), dup = dout · silu(g).
-__device__ __forceinline__ void swiglu_grad(float d, float g, float u, float& dgate, float& dup) {
-  const float s = sigmoid(g);
-  dgate = d * u * s * (1.0f + g * (1.0f - s));
-  dup = d * g * s;
-}
-
 __global__ void swiglu_backward_kernel(const uint16_t* dout, const uint16_t* gate,
                                        const uint16_t* up, uint16_t* dgate, uint16_t* dup,
                                        int64_t n, bool vec) {
-  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t groups = vec ? n / 8 : 0;
-  for (int64_t k = start; k < groups; k += stride) {
-    float d[8], g[8], u[8], dg[8], du[8];
-    load_cols<8>(dout + 8 * k, d);
-    load_cols<8>(gate + 8 * k, g);
-    load_cols<8>(up + 8 * k, u);
+  for_items(n, vec, [&]<int kStep>(int64_t i) {
+    float d[kStep], g[kStep], u[kStep];
+    load_cols<kStep>(dout + i, d);
+    load_cols<kStep>(gate + i, g);
+    load_cols<kStep>(up + i, u);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) swiglu_grad(d[e], g[e], u[e], dg[e], du[e]);
-    store_cols<8>(dgate + 8 * k, dg);
-    store_cols<8>(dup + 8 * k, du);
-  }
-  for (int64_t i = 8 * groups + start; i < n; i += stride) {
-    float dg, du;
-    swiglu_grad(bf16_load(dout[i]), bf16_load(gate[i]), bf16_load(up[i]), dg, du);
-    dgate[i] = bf16_round(dg);
-    dup[i] = bf16_round(du);
-  }
+    for (int e = 0; e < kStep; ++e) {
+      const float s = sigmoid(g[e]);
+      u[e] = d[e] * u[e] * s * (1.0f + g[e] * (1.0f - s));
+      g[e] = d[e] * g[e] * s;
+    }
+    store_cols<kStep>(dgate + i, u);
+    store_cols<kStep>(dup + i, g);
+  });
 }
 
 // GELU (tanh approximation) through ½(1 + tanh u) = σ(2u), as src/ops/activation.cpp.
@@ -195,39 +178,26 @@ __device__ __forceinline__ float gelu_slope(float v) {
 }
 
 __global__ void gelu_forward_kernel(const uint16_t* x, uint16_t* y, int64_t n, bool vec) {
-  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t groups = vec ? n / 8 : 0;
-  for (int64_t k = start; k < groups; k += stride) {
-    float v[8];
-    load_cols<8>(x + 8 * k, v);
+  for_items(n, vec, [&]<int kStep>(int64_t i) {
+    float v[kStep];
+    load_cols<kStep>(x + i, v);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] *= gelu_gate(v[e]);
-    store_cols<8>(y + 8 * k, v);
-  }
-  for (int64_t i = 8 * groups + start; i < n; i += stride) {
-    const float v = bf16_load(x[i]);
-    y[i] = bf16_round(v * gelu_gate(v));
-  }
+    for (int e = 0; e < kStep; ++e) v[e] *= gelu_gate(v[e]);
+    store_cols<kStep>(y + i, v);
+  });
 }
 
 __global__ void gelu_backward_kernel(const uint16_t* dy, const uint16_t* x, uint16_t* dx,
                                      int64_t n, bool vec) {
-  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t groups = vec ? n / 8 : 0;
-  for (int64_t k = start; k < groups; k += stride) {
-    float d[8], v[8];
-    load_cols<8>(dy + 8 * k, d);
-    load_cols<8>(x + 8 * k, v);
+  for_items(n, vec, [&]<int kStep>(int64_t i) {
+    float d[kStep], v[kStep];
+    load_cols<kStep>(dy + i, d);
+    load_cols<kStep>(x + i, v);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) d[e] *= gelu_slope(v[e]);
-    store_cols<8>(dx + 8 * k, d);
-  }
-  for (int64_t i = 8 * groups + start; i < n; i += stride)
-    dx[i] = bf16_round(bf16_load(dy[i]) * gelu_slope(bf16_load(x[i])));
+    for (int e = 0; e < kStep; ++e) d[e] *= gelu_slope(v[e]);
+    store_cols<kStep>(dx + i, d);
+  });
 }
-
-// Blocks for a kernel that takes 8 items per thread step when `vec`.
-unsigned grid_for_items(int64_t n, bool vec) { return grid_for(vec ? (n + 7) / 8 : n, kThreads); }
 
 }  // namespace
 
@@ -280,7 +250,7 @@ void launch_swiglu_forward(const uint16_t* gate, const uint16_t* up, uint16_t* o
                            cudaStream_t stream) {
   if (n == 0) return;
   const bool vec = aligned16({gate, up, out});
-  swiglu_forward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(gate, up, out, n, vec);
+  swiglu_forward_kernel<<<grid_for_items(n, vec, kThreads), kThreads, 0, stream>>>(gate, up, out, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -288,14 +258,14 @@ void launch_swiglu_backward(const uint16_t* dout, const uint16_t* gate, const ui
                             uint16_t* dgate, uint16_t* dup, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   const bool vec = aligned16({dout, gate, up, dgate, dup});
-  swiglu_backward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, n, vec);
+  swiglu_backward_kernel<<<grid_for_items(n, vec, kThreads), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_gelu_forward(const uint16_t* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   const bool vec = aligned16({x, y});
-  gelu_forward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(x, y, n, vec);
+  gelu_forward_kernel<<<grid_for_items(n, vec, kThreads), kThreads, 0, stream>>>(x, y, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -303,7 +273,7 @@ void launch_gelu_backward(const uint16_t* dy, const uint16_t* x, uint16_t* dx, i
                           cudaStream_t stream) {
   if (n == 0) return;
   const bool vec = aligned16({dy, x, dx});
-  gelu_backward_kernel<<<grid_for_items(n, vec), kThreads, 0, stream>>>(dy, x, dx, n, vec);
+  gelu_backward_kernel<<<grid_for_items(n, vec, kThreads), kThreads, 0, stream>>>(dy, x, dx, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

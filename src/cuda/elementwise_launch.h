@@ -182,6 +182,22 @@ inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
+
+// A grid-stride loop over items [0, n) of an element-wise kernel: with `vec` (every pointer the
+// item function touches 16-byte aligned, aligned16) items [0, 8·⌊n/8⌋) go 8 at a time and the
+// rest one at a time, otherwise all one at a time. `item` is a lambda templated on the count:
+// item.template operator()<kStep>(first index); it must give each item the same arithmetic for
+// either count (load_cols / store_cols of kStep values do).
+template <class Item>
+__device__ __forceinline__ void for_items(int64_t n, bool vec, Item item) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t k = start; k < groups; k += stride) item.template operator()<8>(8 * k);
+  for (int64_t i = 8 * groups + start; i < n; i += stride) item.template operator()<1>(i);
+}
+
+// Blocks for a for_items loop of `threads` per block.
+inline unsigned grid_for_items(int64_t n, bool vec, int threads) { return grid_for(vec ? (n + 7) / 8 : n, threads); }
 #endif
 
 }  // namespace quiver::cuda::detail

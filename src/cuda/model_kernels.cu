@@ -31,20 +31,15 @@ __global__ void position_backward_kernel(const uint16_t* dx, int64_t batch, int6
   }
 }
 
-// With `vec` (both pointers 16-byte aligned) items [0, 8·⌊n/8⌋) go 8 at a time.
 __global__ void add_bf16_kernel(uint16_t* dst, const uint16_t* src, int64_t n, bool vec) {
-  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t groups = vec ? n / 8 : 0;
-  for (int64_t k = start; k < groups; k += stride) {
-    float a[8], b[8];
-    load_cols<8>(dst + 8 * k, a);
-    load_cols<8>(src + 8 * k, b);
+  for_items(n, vec, [&]<int kStep>(int64_t i) {
+    float a[kStep], b[kStep];
+    load_cols<kStep>(dst + i, a);
+    load_cols<kStep>(src + i, b);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) a[e] += b[e];
-    store_cols<8>(dst + 8 * k, a);
-  }
-  for (int64_t i = 8 * groups + start; i < n; i += stride)
-    dst[i] = bf16_round(bf16_load(dst[i]) + bf16_load(src[i]));
+    for (int e = 0; e < kStep; ++e) a[e] += b[e];
+    store_cols<kStep>(dst + i, a);
+  });
 }
 
 __global__ void add_f32_kernel(float* dst, const float* src, int64_t n) {
@@ -77,7 +72,7 @@ void launch_position_backward(const uint16_t* dx, int64_t batch, int64_t seq, in
 void launch_add_bf16(uint16_t* dst, const uint16_t* src, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   const bool vec = aligned16({dst, src});
-  add_bf16_kernel<<<grid_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, stream>>>(dst, src, n, vec);
+  add_bf16_kernel<<<grid_for_items(n, vec, kThreads), kThreads, 0, stream>>>(dst, src, n, vec);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
