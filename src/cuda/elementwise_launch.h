@@ -107,8 +107,6 @@ __device__ __forceinline__ uint16_t bf16_round(float value) {
   const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);  // nearest, ties to even
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
-__device__ __forceinline__ float param_load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float param_load(const uint16_t* p, int64_t i) { return bf16_load(p[i]); }
 
 // kStep (1 or 8) consecutive values as floats, and back (bf16 stores round). With kStep = 8 the
 // address must be 16-byte aligned: one 16-byte access for bf16, two for fp32.
