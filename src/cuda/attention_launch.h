@@ -61,12 +61,14 @@ inline constexpr int kAttentionTile = 64;
 inline constexpr int kAttentionPadStep = 16;
 inline constexpr int kAttentionMaxHeadDim = 128;
 
-// Floats of the one-pass dQ's sums (flash_dq_atomics): per (batch, query head) a block of
-// [T rounded up to the tile, Dh rounded up to the pad step].
+// The one-pass dQ's sums (flash_dq_atomics): per (batch, query head) a block of
+// [flash_dq_sum_rows(T), Dh rounded up to the pad step] floats.
+__host__ __device__ inline int64_t flash_dq_sum_rows(int64_t T) {
+  return (T + kAttentionTile - 1) / kAttentionTile * kAttentionTile;
+}
 inline int64_t flash_dq_sum_floats(const AttentionDims& d) {
-  const int64_t t_pad = (d.T + kAttentionTile - 1) / kAttentionTile * kAttentionTile;
   const int64_t w = (d.Dh + kAttentionPadStep - 1) / kAttentionPadStep * kAttentionPadStep;
-  return d.B * d.Hq * t_pad * w;
+  return d.B * d.Hq * flash_dq_sum_rows(d.T) * w;
 }
 
 template <int kPadded>

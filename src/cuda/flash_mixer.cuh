@@ -722,8 +722,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
     if constexpr (kAtomicDq) {
       if (threadIdx.x == 0) {
-        const int64_t t_pad = (T + kTile - 1) / kTile * kTile;
-        bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * t_pad + p0) * kPadded, dqs,
+        bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
                             sizeof(float) * kTile * kPadded);
       }
     }
@@ -886,8 +885,7 @@ __global__ void __launch_bounds__(256) dq_finish_kernel(const BackwardIo a, cons
     coef = rule.query_self((b * d.Hq + h) * d.T + p);
     k_row = a.k + row * d.Dh;
   }
-  const int64_t t_pad = (d.T + kTile - 1) / kTile * kTile;
-  const float* acc = a.dq_accum + ((b * d.Hq + h) * t_pad + p) * kPadded;
+  const float* acc = a.dq_accum + ((b * d.Hq + h) * flash_dq_sum_rows(d.T) + p) * kPadded;
   for (int c = lane; c < d.Dh; c += 32) {
     float v = acc[dq_sum_col<kPadded>(static_cast<int>(p & 7), c)];
     if constexpr (Rule::kSelf) v = fmaf(coef, bf16_load(k_row[c]), v);
