@@ -1,0 +1,78 @@
+// wgmma (sm_90a) for the tensor-core kernels: shared-memory matrix descriptors of 128-byte
+// swizzled bf16 tiles, the warpgroup product m64n64k16 (bf16 operands, fp32 accumulators) with A
+// from shared memory or from registers, and the fence / commit / wait that order it. Device
+// code only; a warpgroup is 4 consecutive warps starting at a warp index divisible by 4.
+//
+// Tiles. A tile is 64 bf16 columns wide (128 bytes per row) and 1024-byte aligned; wider
+// operands are panels of such tiles. Within a tile the 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8) (the 128-byte swizzle, swizzle128), and 8-row groups are 1024 bytes apart. One
+// layout serves both operand majors: a tile of K rows [keys][64] is K-major for S = Q K^T (the
+// product's k runs along the row) and MN-major for O = P V (k runs down the rows).
+//
+// Accumulators of m64nNk16, per thread of warp w (lane = 4 grp + tig): d[4j + 0, 1] at row
+// 16 w + grp, columns 8 j + 2 tig, + 1; d[4j + 2, 3] at row 16 w + grp + 8 (the mma.sync m16n8
+// layout, one n8 block after another). A from registers takes mma.sync's m16n8k16 A fragment of
+// the warp's 16 rows.
+#pragma once
+#include <cstdint>
+
+#include "cuda/mma_ptx.cuh"
+
+namespace quiver::cuda::detail::wgmma {
+
+// Byte offset of bf16 element (row, col < 64) in a swizzled tile.
+__device__ __forceinline__ uint32_t swizzle128(int row, int col) {
+  return static_cast<uint32_t>(row * 128 + ((((col * 2) >> 4) ^ (row & 7)) << 4) + ((col * 2) & 15));
+}
+
+// The descriptor of a swizzled operand starting at `p` (a tile base plus, for a K-major operand,
+// the k offset within the row, under 128 bytes). `lbo` and `sbo` in bytes: the leading-dimension
+// offset (K-major with the 128-byte swizzle: unused; MN-major: between 64-wide panels) and the
+// stride-dimension offset (between 8-row groups: 1024).
+__device__ __forceinline__ uint64_t descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint64_t addr = smem_addr(p);
+  return ((addr & 0x3ffff) >> 4) | (uint64_t{(lbo >> 4) & 0x3fff} << 16) |
+         (uint64_t{(sbo >> 4) & 0x3fff} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// d (+)= A · B over k 16 for a 64 x 64 block: A [64, 16] K-major in shared memory (desc_a), B
+// K-major ([64 n, 16 k], kTransB = 0) or MN-major ([16 k, 64 n], kTransB = 1) (desc_b).
+// accumulate = false ignores d's old values.
+template <int kTransB>
+__device__ __forceinline__ void mma_64x64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
+}
+
+// The same with A from registers: the warp's m16n8k16 A fragment of rows 16 w .. 16 w + 15.
+template <int kTransB>
+__device__ __forceinline__ void mma_64x64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)),
+        "n"(kTransB));
+}
+
+}  // namespace quiver::cuda::detail::wgmma
