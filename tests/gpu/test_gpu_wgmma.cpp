@@ -41,13 +41,14 @@ struct DeviceProduct {
   uint16_t* a = nullptr;
   uint16_t* b = nullptr;
   float* c = nullptr;
-  DeviceProduct(const Operand& x, const Operand& y) {
+  int n;  // columns of c [64, n]
+  DeviceProduct(const Operand& x, const Operand& y, int n_cols = 64) : n(n_cols) {
     QV_CUDA_CHECK(cudaMalloc(&a, x.bits.size() * 2));
     QV_CUDA_CHECK(cudaMalloc(&b, y.bits.size() * 2));
-    QV_CUDA_CHECK(cudaMalloc(&c, 64 * 64 * sizeof(float)));
+    QV_CUDA_CHECK(cudaMalloc(&c, 64 * n * sizeof(float)));
     QV_CUDA_CHECK(cudaMemcpy(a, x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice));
     QV_CUDA_CHECK(cudaMemcpy(b, y.bits.data(), y.bits.size() * 2, cudaMemcpyHostToDevice));
-    QV_CUDA_CHECK(cudaMemset(c, 0xFF, 64 * 64 * sizeof(float)));  // NaN where nothing is written
+    QV_CUDA_CHECK(cudaMemset(c, 0xFF, 64 * n * sizeof(float)));  // NaN where nothing is written
   }
   ~DeviceProduct() {
     cudaFree(a);
@@ -55,7 +56,7 @@ struct DeviceProduct {
     cudaFree(c);
   }
   std::vector<float> result() const {
-    std::vector<float> h(64 * 64);
+    std::vector<float> h(64 * n);
     QV_CUDA_CHECK(cudaDeviceSynchronize());
     QV_CUDA_CHECK(cudaMemcpy(h.data(), c, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
@@ -92,19 +93,22 @@ TEST(GpuWgmma, KMajorOperandsInSharedMemory) {
 
 TEST(GpuWgmma, RegisterAAndMnMajorB) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(80);
-  const Operand a = random_operand(64 * 64, rng), b = random_operand(64 * 64, rng);
-  std::vector<double> ref(64 * 64, 0.0);  // a · b
-  for (int i = 0; i < 64; ++i)
-    for (int j = 0; j < 64; ++j)
-      for (int kk = 0; kk < 64; ++kk) ref[i * 64 + j] += a.values[i * 64 + kk] * b.values[kk * 64 + j];
-  DeviceProduct run(a, b);
-  // One 64-wide panel: the leading offset (between panels) is not read; 8-row groups 1024 apart.
-  wgmma_registers_mn_major(run.a, run.b, run.c, 16, 1024);
-  const double err = relative_error(run.result(), ref);
-  if (!(err < kTol)) {  // a diagnostic for the next reader: the offsets the other way round
-    wgmma_registers_mn_major(run.a, run.b, run.c, 1024, 16);
-    ADD_FAILURE() << "error " << err << " with (lbo 16, sbo 1024); with (lbo 1024, sbo 16): "
-                  << relative_error(run.result(), ref);
+  for (int n : {64, 128}) {
+    SCOPED_TRACE(testing::Message() << "n " << n);
+    Rng rng(80 + n);
+    const Operand a = random_operand(64 * 64, rng), b = random_operand(64 * n, rng);
+    std::vector<double> ref(64 * n, 0.0);  // a · b
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < n; ++j)
+        for (int kk = 0; kk < 64; ++kk) ref[i * n + j] += a.values[i * 64 + kk] * b.values[kk * n + j];
+    DeviceProduct run(a, b, n);
+    // Panels of 64 rows x 128 bytes: 8192 bytes apart (the leading offset); 8-row groups 1024.
+    wgmma_registers_mn_major(run.a, run.b, run.c, n, 8192, 1024);
+    const double err = relative_error(run.result(), ref);
+    if (!(err < kTol)) {  // a diagnostic for the next reader: the offsets the other way round
+      wgmma_registers_mn_major(run.a, run.b, run.c, n, 1024, 8192);
+      ADD_FAILURE() << "error " << err << " with (lbo 8192, sbo 1024); with (lbo 1024, sbo 8192): "
+                    << relative_error(run.result(), ref);
+    }
   }
 }

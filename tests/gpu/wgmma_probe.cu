@@ -14,15 +14,17 @@ __device__ void put(unsigned char* tiles, int rows, int r, int col, uint16_t v) 
   *reinterpret_cast<uint16_t*>(tiles + (col / 64) * rows * 128 + wg::swizzle128(r, col % 64)) = v;
 }
 
-__device__ void store_accumulators(const float (&d)[32], float* c) {
+// The accumulators of a 64 x N product into row-major c [64, N].
+template <int N>
+__device__ void store_accumulators(const float (&d)[N / 2], float* c) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = 16 * warp + grp + 8 * half, col = 8 * j + 2 * tig;
-      c[r * 64 + col] = d[4 * j + 2 * half];
-      c[r * 64 + col + 1] = d[4 * j + 2 * half + 1];
+      c[r * N + col] = d[4 * j + 2 * half];
+      c[r * N + col + 1] = d[4 * j + 2 * half + 1];
     }
 }
 
@@ -40,35 +42,36 @@ __global__ void __launch_bounds__(128) k_major_kernel(const uint16_t* a, const u
 #pragma unroll
   for (int k0 = 0; k0 < K; k0 += 16) {
     const int at = (k0 / 64) * 64 * 128 + (k0 % 64) * 2;  // panel, then the k offset in the row
-    wg::mma_64x64<0>(d, wg::descriptor(as + at, 16, 1024), wg::descriptor(bs + at, 16, 1024), k0 > 0);
+    wg::mma<64, 0>(d, wg::descriptor(as + at, 16, 1024), wg::descriptor(bs + at, 16, 1024), k0 > 0);
   }
   wg::commit();
   wg::wait<0>();
-  store_accumulators(d, c);
+  store_accumulators<64>(d, c);
 }
 
+template <int N>
 __global__ void __launch_bounds__(128)
     registers_mn_major_kernel(const uint16_t* a, const uint16_t* b, float* c, uint32_t lbo, uint32_t sbo) {
-  __shared__ __align__(1024) unsigned char bs[64 * 64 * 2];
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) put(bs, 64, i / 64, i % 64, b[i]);
+  __shared__ __align__(1024) unsigned char bs[64 * N * 2];
+  for (int i = threadIdx.x; i < 64 * N; i += blockDim.x) put(bs, 64, i / N, i % N, b[i]);
   cuda::detail::fence_proxy_async_shared();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
   auto pair = [&](int r, int col) {
     return static_cast<uint32_t>(a[r * 64 + col]) | (static_cast<uint32_t>(a[r * 64 + col + 1]) << 16);
   };
-  float d[32] = {};
+  float d[N / 2] = {};
   wg::fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const int r = 16 * warp + grp, k = 16 * kk + 2 * tig;
     const uint32_t frag[4] = {pair(r, k), pair(r + 8, k), pair(r, k + 8), pair(r + 8, k + 8)};
-    // k rows 16 kk .. 16 kk + 15 of B: two 8-row groups, 2048 bytes per step.
-    wg::mma_64x64<1>(d, frag, wg::descriptor(bs + kk * 2048, lbo, sbo), kk > 0);
+    // k rows 16 kk .. 16 kk + 15 of B: two 8-row groups, 2048 bytes per step in every panel.
+    wg::mma<N, 1>(d, frag, wg::descriptor(bs + kk * 2048, lbo, sbo), kk > 0);
   }
   wg::commit();
   wg::wait<0>();
-  store_accumulators(d, c);
+  store_accumulators<N>(d, c);
 }
 
 }  // namespace
@@ -81,8 +84,12 @@ void wgmma_k_major(const uint16_t* a, const uint16_t* b, float* c, int k) {
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
-void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, uint32_t lbo, uint32_t sbo) {
-  registers_mn_major_kernel<<<1, 128>>>(a, b, c, lbo, sbo);
+void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n, uint32_t lbo,
+                              uint32_t sbo) {
+  if (n == 64)
+    registers_mn_major_kernel<64><<<1, 128>>>(a, b, c, lbo, sbo);
+  else
+    registers_mn_major_kernel<128><<<1, 128>>>(a, b, c, lbo, sbo);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,9 +10,10 @@ namespace quiver::gpu_testing {
 // K-major in shared memory (k = 128: two 64-wide panels each), as S = Q Kᵀ reads them.
 void wgmma_k_major(const uint16_t* a, const uint16_t* b, float* c, int k);
 
-// c [64, 64] fp32 = a [64, 64] · b [64, 64] (row-major, bf16 bits): A from registers (the
-// m16n8k16 fragments), B MN-major in shared memory (its rows are the k index), as O = P V reads
-// them. lbo and sbo are the descriptor's byte offsets (wgmma.cuh).
-void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, uint32_t lbo, uint32_t sbo);
+// c [64, n] fp32 = a [64, 64] · b [64, n] (row-major, bf16 bits), n = 64 or 128 (two panels):
+// A from registers (the m16n8k16 fragments), B MN-major in shared memory (its rows are the k
+// index), as O = P V reads them. lbo and sbo are the descriptor's byte offsets (wgmma.cuh).
+void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n, uint32_t lbo,
+                              uint32_t sbo);
 
 }  // namespace quiver::gpu_testing
