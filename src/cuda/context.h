@@ -57,6 +57,10 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
+// The flash forward (attention and FlashRelation) on wgmma (flash_mixer.cuh,
+// forward_wgmma_kernel) instead of mma.sync. Under evaluation: on only with QUIVER_FLASH_WGMMA=1.
+bool flash_wgmma();
+
 }  // namespace quiver::cuda
 
 #define QV_CUBLAS_CHECK(call)                                                               \

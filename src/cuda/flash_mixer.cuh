@@ -45,8 +45,10 @@
 
 #include "cuda/attention_launch.h"
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/elementwise_launch.h"
 #include "cuda/mma_ptx.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace quiver::cuda::detail::flash {
 
@@ -134,6 +136,22 @@ __device__ __forceinline__ float quad_sum(float x) {
 // ---- Tiles in shared memory -----------------------------------------------------------------
 template <int kPadded>
 inline constexpr int kRowStride = kPadded + 8;  // bf16 elements per shared tile row
+
+// The wgmma forward (forward_wgmma_kernel) keeps its 64-row tiles as 128-byte swizzled panels of
+// 64 columns (wgmma.cuh) instead: bf16 elements per such tile.
+template <int kPadded>
+inline constexpr int kSwizzledTile = (kPadded + 63) / 64 * kTile * 64;
+
+// Element (r, c) of a shared tile, in bf16 elements from its start: rows of kPadded + 8, or
+// (kSwizzled; 64-row tiles only) swizzled 64-column panels. Pairs (c even, c + 1) and 16-byte
+// pieces (c a multiple of 8) stay contiguous in both.
+template <int kPadded, bool kSwizzled>
+__device__ __forceinline__ int tile_offset(int r, int c) {
+  if constexpr (kSwizzled)
+    return (c / 64) * (kTile * 64) + static_cast<int>(wgmma::swizzle128(r, c % 64) / 2);
+  else
+    return r * kRowStride<kPadded> + c;
+}
 
 // A fragment of rows [row0, row0 + 16) x cols [k0, k0 + 16) of a row-major shared tile.
 template <int kPadded>
@@ -268,23 +286,24 @@ __device__ __forceinline__ void mma_by_cols(float (&acc)[kPadded / 8][4], const 
 // zero where row >= T or col >= Dh. With `vec` (Dh % 8 == 0, so every row is 16-byte aligned)
 // by cp.async in 16-byte pieces (complete after cp_async_wait); otherwise by plain loads and
 // stores (complete at the next barrier).
-template <int kRows, int kPadded>
+template <int kRows, int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, int64_t row0,
                                           int64_t T, int64_t row_stride, int Dh, bool vec) {
+  static_assert(!kSwizzled || kRows == kTile, "swizzled tiles have 64 rows");
   constexpr int kPieces = kPadded / 8;
   if (vec) {
     for (int idx = threadIdx.x; idx < kRows * kPieces; idx += kThreads) {
       const int r = idx / kPieces, c = (idx % kPieces) * 8;
       const bool valid = row0 + r < T && c < Dh;
       const uint16_t* from = valid ? src + (row0 + r) * row_stride + c : src;
-      cp_async_16(tile + r * kRowStride<kPadded> + c, from, valid);
+      cp_async_16(tile + tile_offset<kPadded, kSwizzled>(r, c), from, valid);
     }
   } else {
     for (int idx = threadIdx.x; idx < kRows * kPadded; idx += kThreads) {
       const int r = idx / kPadded, c = idx % kPadded;
       uint16_t x = 0;
       if (row0 + r < T && c < Dh) x = src[(row0 + r) * row_stride + c];
-      tile[r * kRowStride<kPadded> + c] = x;
+      tile[tile_offset<kPadded, kSwizzled>(r, c)] = x;
     }
   }
 }
@@ -292,25 +311,28 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
 // The pipeline step of a loop over key tiles kt < n_kt (forward, dQ): start the cp.async loads
 // of key and value tile kt + 1 into the other stage of ks, vs (2 stages of [64, kPadded + 8]),
 // then wait until tile kt's stage is complete and visible to the block.
-template <int kPadded>
+// kSwizzled (the wgmma forward): swizzled tiles, read next by the tensor cores' proxy, so every
+// thread fences its copies into it before the barrier.
+template <int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void next_key_stage(uint16_t* ks, uint16_t* vs, const uint16_t* kb,
                                                const uint16_t* vb, int kt, int n_kt, int64_t T,
                                                int64_t kv_stride, int Dh, bool vec) {
-  constexpr int kStage = kTile * kRowStride<kPadded>;
+  constexpr int kStage = kSwizzled ? kSwizzledTile<kPadded> : kTile * kRowStride<kPadded>;
   const int next = (kt & 1) ^ 1;
   if (kt + 1 < n_kt) {
-    load_tile<kTile, kPadded>(ks + next * kStage, kb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
-    load_tile<kTile, kPadded>(vs + next * kStage, vb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded, kSwizzled>(ks + next * kStage, kb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded, kSwizzled>(vs + next * kStage, vb, (kt + 1) * kTile, T, kv_stride, Dh, vec);
   }
   cp_async_commit();
   cp_async_wait<1>();
+  if constexpr (kSwizzled) fence_proxy_async_shared();
   __syncthreads();
 }
 
 // A warp's 16 rows of fp32 accumulators (kPadded / 8 n-tiles), times `row_scale[half]`, plus
 // `add_scale[half]` times the same rows of the bf16 tile `add` when it is not null, as bf16 into
 // rows [row0, row0 + 16) of a shared tile that only this warp uses (`add` may be that tile).
-template <int kPadded>
+template <int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void stage_rows(uint16_t* tile, int row0,
                                            const float (&acc)[kPadded / 8][4],
                                            const float (&row_scale)[2],
@@ -324,11 +346,11 @@ __device__ __forceinline__ void stage_rows(uint16_t* tile, int row0,
       const int r = row0 + grp + 8 * half, c = dt * 8 + 2 * tig;
       float lo = acc[dt][2 * half] * row_scale[half], hi = acc[dt][2 * half + 1] * row_scale[half];
       if (add != nullptr) {
-        const uint32_t pair = *reinterpret_cast<const uint32_t*>(add + r * kRowStride<kPadded> + c);
+        const uint32_t pair = *reinterpret_cast<const uint32_t*>(add + tile_offset<kPadded, kSwizzled>(r, c));
         lo = fmaf(add_scale[half], bf16_lo(pair), lo);
         hi = fmaf(add_scale[half], bf16_hi(pair), hi);
       }
-      *reinterpret_cast<uint32_t*>(tile + r * kRowStride<kPadded> + c) = pack_bf16(lo, hi);
+      *reinterpret_cast<uint32_t*>(tile + tile_offset<kPadded, kSwizzled>(r, c)) = pack_bf16(lo, hi);
     }
 }
 
@@ -354,7 +376,7 @@ __device__ __forceinline__ void add_rows(float (&acc)[kPadded / 8][4],
 
 // The warp stores rows [srow0, srow0 + 16) of a shared tile to rows [grow0, grow0 + 16) of a
 // bf16 [*, row_stride] array (row < T, col < Dh only).
-template <int kPadded>
+template <int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t T,
                                            int64_t row_stride, int Dh, bool vec,
                                            const uint16_t* tile, int srow0) {
@@ -364,7 +386,7 @@ __device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t
     const int r = idx / kPieces, c = (idx % kPieces) * 8;
     const int64_t row = grow0 + r;
     if (row >= T || c >= Dh) continue;
-    const uint16_t* from = tile + (srow0 + r) * kRowStride<kPadded> + c;
+    const uint16_t* from = tile + tile_offset<kPadded, kSwizzled>(srow0 + r, c);
     uint16_t* to = dst + row * row_stride + c;
     if (vec) {
       *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
@@ -376,14 +398,14 @@ __device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t
 
 // The dot of row r of two shared tiles, split over the 4 lanes of a quad (all 32 lanes of the
 // warp call it; the quad's lanes get the same sum).
-template <int kPadded>
+template <int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ float quad_row_dot(const uint16_t* a, const uint16_t* b, int r) {
   const int tig = threadIdx.x % 4;
   float sum = 0.0f;
 #pragma unroll
   for (int c = 2 * tig; c < kPadded; c += 8) {
-    const uint32_t x = *reinterpret_cast<const uint32_t*>(a + r * kRowStride<kPadded> + c);
-    const uint32_t y = *reinterpret_cast<const uint32_t*>(b + r * kRowStride<kPadded> + c);
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(a + tile_offset<kPadded, kSwizzled>(r, c));
+    const uint32_t y = *reinterpret_cast<const uint32_t*>(b + tile_offset<kPadded, kSwizzled>(r, c));
     sum = fmaf(bf16_lo(x), bf16_lo(y), sum);
     sum = fmaf(bf16_hi(x), bf16_hi(y), sum);
   }
@@ -404,6 +426,57 @@ template <int kPadded>
 inline constexpr int kDkdvQueryTile = kPadded <= 96 ? 64 : 32;
 
 // ---- Forward ----------------------------------------------------------------------------------
+// The forward's online softmax over one key tile for a warp's 16 rows row[0], row[1] (8 apart,
+// the accumulator halves): the scores s (dots in; weights 2^(logit − m) out, for P V), the
+// running base-2 maxima m and sums l, and o rescaled to the new maxima. `diagonal`: the tile
+// reaches the rows' diagonal, so keys past T or outside the rule's mask get weight 0.
+template <int kPadded, class Rule>
+__device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)[kTile / 8][4], float (&m)[2],
+                                                    float (&l)[2], float (&o)[kPadded / 8][4], bool diagonal,
+                                                    int64_t j0, const int64_t (&row)[2], int64_t T) {
+  constexpr int kKeyTiles = kTile / 8;
+  constexpr int kDTiles = kPadded / 8;
+  const int tig = threadIdx.x % 4;
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e / 2;
+      float x = rule.logit(s[nt][e]);
+      if (diagonal) {
+        const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
+        if (!(j < T && rule.visible(row[half], j))) x = -INFINITY;
+      }
+      s[nt][e] = x;
+      tile_max[half] = fmaxf(tile_max[half], x);
+    }
+  float base[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float m_new = fmaxf(m[half], quad_max(tile_max[half]));
+    // m_new = -inf: the row has seen no visible key yet (possible for rules with a strict
+    // mask); exp2(-inf - 0) = 0 keeps the state at zero without NaN.
+    base[half] = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = exp2_approx(m[half] - base[half]);
+    m[half] = m_new;
+    l[half] *= alpha;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      o[dt][2 * half] *= alpha;
+      o[dt][2 * half + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pr = exp2_approx(s[nt][e] - base[e / 2]);
+      s[nt][e] = pr;
+      l[e / 2] += pr;
+    }
+}
+
 // Grid (query tiles, Hq, B); tiles run heaviest (last) first.
 template <int kPadded, class Rule>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, const Rule rule) {
@@ -458,46 +531,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) mma_by_rows<kPadded>(s, qf[kc], kst, kc * 16);
 
-    const int64_t j0 = static_cast<int64_t>(kt) * kTile;
-    const bool diagonal = kt == n_kt - 1;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e / 2;
-        float x = rule.logit(s[nt][e]);
-        if (diagonal) {
-          const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
-          if (!(j < T && rule.visible(row[half], j))) x = -INFINITY;
-        }
-        s[nt][e] = x;
-        tile_max[half] = fmaxf(tile_max[half], x);
-      }
-    float base[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float m_new = fmaxf(m[half], quad_max(tile_max[half]));
-      // m_new = -inf: the row has seen no visible key yet (possible for rules with a strict
-      // mask); exp2(-inf - 0) = 0 keeps the state at zero without NaN.
-      base[half] = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2_approx(m[half] - base[half]);
-      m[half] = m_new;
-      l[half] *= alpha;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        o[dt][2 * half] *= alpha;
-        o[dt][2 * half + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pr = exp2_approx(s[nt][e] - base[e / 2]);
-        s[nt][e] = pr;
-        l[e / 2] += pr;
-      }
+    online_softmax_tile<kPadded>(rule, s, m, l, o, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
 
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
@@ -528,6 +562,107 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
   stage_rows<kPadded>(qs, wrow, o, hist, Rule::kSelf ? v_diag : nullptr, self);
   __syncwarp();
   store_rows<kPadded>(a.y + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
+}
+
+// The forward on wgmma (sm_90a; opt-in, flash_wgmma in launch_forward): the block's 4 warps are
+// one warpgroup and the grid, the tile loop and the online softmax are forward_kernel's, but
+// S = Q Kᵀ reads both operands from shared memory (K-major) and O += P V takes P from the
+// registers the softmax leaves it in and V from shared memory (MN-major), so no operand passes
+// through ldmatrix. The tiles are swizzled panels (kSwizzledTile) at 1024-byte aligned offsets.
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads) forward_wgmma_kernel(const ForwardIo a, const Rule rule) {
+  constexpr int kChunks = kPadded / 16;  // k steps over the head width
+  constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
+  constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
+  constexpr int kT = kSwizzledTile<kPadded>;
+  constexpr uint32_t kPanelBytes = kTile * 128;  // 64 rows of 128 bytes
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // one tile; the output staging at the end
+  uint16_t* ks = qs + kT;                               // 2 stages
+  uint16_t* vs = ks + 2 * kT;                           // 2 stages
+
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
+  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
+  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
+  const int wrow = warp * kWarpRows;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t q_off = (b * T * d.Hq + h) * Dh;
+  const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
+  const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
+  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
+
+  load_tile<kTile, kPadded, true>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
+  cp_async_commit();
+  load_tile<kTile, kPadded, true>(ks, kb, 0, T, kv_stride, Dh, vec);
+  load_tile<kTile, kPadded, true>(vs, vb, 0, T, kv_stride, Dh, vec);
+  cp_async_commit();
+
+  float o[kDTiles][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  auto& o_flat = reinterpret_cast<float(&)[kPadded / 2]>(o);
+
+  const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    const uint16_t* kst = ks + stage * kT;
+    const uint16_t* vst = vs + stage * kT;
+
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    auto& s_flat = reinterpret_cast<float(&)[kTile / 2]>(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+      const int at = tile_offset<kPadded, true>(0, kc * 16);  // the k step's panel and offset
+      wgmma::mma<kTile, 0>(s_flat, wgmma::descriptor(qs + at, 16, 1024), wgmma::descriptor(kst + at, 16, 1024),
+                           kc > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+
+    online_softmax_tile<kPadded>(rule, s, m, l, o, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
+
+    // P as A fragments, all written before the fence that orders them for the tensor cores.
+    uint32_t pa[kKeyTiles / 2][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) pack_a(pa[kk], s, kk);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk)  // key rows 16 kk ..: 16 rows of 128 bytes in every panel
+      wgmma::mma<kPadded, 1>(o_flat, pa[kk], wgmma::descriptor(vst + kk * 16 * 64, kPanelBytes, 1024), true);
+    wgmma::commit();
+    wgmma::wait<0>();
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  // The last stage still holds the diagonal key tile: rows p0.. of k and v, the Self rows.
+  const uint16_t* k_diag = ks + ((n_kt - 1) & 1) * kT;
+  const uint16_t* v_diag = vs + ((n_kt - 1) & 1) * kT;
+  float hist[2], self[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l_row = quad_sum(l[half]);
+    float self_dot = 0.0f;
+    if constexpr (Rule::kSelf) self_dot = quad_row_dot<kPadded, true>(qs, k_diag, wrow + grp + 8 * half);
+    RowWeights w{0.0f, 0.0f};
+    if (row[half] < T)
+      w = rule.finish_row((b * d.Hq + h) * T + row[half], row[half], m[half], l_row, self_dot,
+                          lane % 4 == 0);
+    hist[half] = w.hist;
+    self[half] = w.self;
+  }
+  __syncwarp();  // the warp's rows of qs are read (above) before they are staged over
+  stage_rows<kPadded, true>(qs, wrow, o, hist, Rule::kSelf ? v_diag : nullptr, self);
+  __syncwarp();
+  store_rows<kPadded, true>(a.y + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
 }
 
 // ---- Backward ---------------------------------------------------------------------------------
@@ -899,6 +1034,11 @@ template <int kPadded>
 constexpr size_t forward_smem() {
   return sizeof(uint16_t) * 5 * kTile * kRowStride<kPadded>;
 }
+// Five swizzled tiles and the slack to align them to 1024 bytes.
+template <int kPadded>
+constexpr size_t forward_wgmma_smem() {
+  return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 1024;
+}
 template <int kPadded, bool kAtomicDq = false>
 constexpr size_t dkdv_smem() {
   constexpr int kBr = kDkdvQueryTile<kPadded>;
@@ -925,11 +1065,18 @@ template <int kPadded, class Rule>
 void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
-  auto kernel = forward_kernel<kPadded, Rule>;
-  constexpr size_t smem = forward_smem<kPadded>();
-  allow_smem(kernel, smem);
   const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
-  kernel<<<grid, kThreads, smem, stream>>>(io, rule);
+  if (flash_wgmma()) {
+    auto kernel = forward_wgmma_kernel<kPadded, Rule>;
+    constexpr size_t smem = forward_wgmma_smem<kPadded>();
+    allow_smem(kernel, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(io, rule);
+  } else {
+    auto kernel = forward_kernel<kPadded, Rule>;
+    constexpr size_t smem = forward_smem<kPadded>();
+    allow_smem(kernel, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(io, rule);
+  }
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
