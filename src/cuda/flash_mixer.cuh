@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(kThreads) forward_wgmma_kernel(const ForwardIo
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) {
       const int at = tile_offset<kPadded, true>(0, kc * 16);  // the k step's panel and offset
-      wgmma::mma<kTile, 0>(s_flat, wgmma::descriptor(qs + at, 16, 1024), wgmma::descriptor(kst + at, 16, 1024),
+      wgmma::mma<kTile, 0, 0>(s_flat, wgmma::descriptor(qs + at, 16, 1024), wgmma::descriptor(kst + at, 16, 1024),
                            kc > 0);
     }
     wgmma::commit();

@@ -112,3 +112,16 @@ TEST(GpuWgmma, RegisterAAndMnMajorB) {
     }
   }
 }
+
+TEST(GpuWgmma, MnMajorOperandsInSharedMemory) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(90);
+  const Operand a = random_operand(64 * 64, rng), b = random_operand(64 * 64, rng);
+  std::vector<double> ref(64 * 64, 0.0);  // aᵀ · b
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j)
+      for (int kk = 0; kk < 64; ++kk) ref[i * 64 + j] += a.values[kk * 64 + i] * b.values[kk * 64 + j];
+  DeviceProduct run(a, b);
+  wgmma_mn_major(run.a, run.b, run.c);
+  EXPECT_LT(relative_error(run.result(), ref), kTol);
+}

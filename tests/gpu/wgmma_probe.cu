@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(128) k_major_kernel(const uint16_t* a, const u
 #pragma unroll
   for (int k0 = 0; k0 < K; k0 += 16) {
     const int at = (k0 / 64) * 64 * 128 + (k0 % 64) * 2;  // panel, then the k offset in the row
-    wg::mma<64, 0>(d, wg::descriptor(as + at, 16, 1024), wg::descriptor(bs + at, 16, 1024), k0 > 0);
+    wg::mma<64, 0, 0>(d, wg::descriptor(as + at, 16, 1024), wg::descriptor(bs + at, 16, 1024), k0 > 0);
   }
   wg::commit();
   wg::wait<0>();
@@ -74,7 +74,32 @@ __global__ void __launch_bounds__(128)
   store_accumulators<N>(d, c);
 }
 
+// A MN-major as well: both operands stored with the k index down the rows.
+__global__ void __launch_bounds__(128) mn_major_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  __shared__ __align__(1024) unsigned char as[64 * 64 * 2], bs[64 * 64 * 2];
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    put(as, 64, i / 64, i % 64, a[i]);
+    put(bs, 64, i / 64, i % 64, b[i]);
+  }
+  cuda::detail::fence_proxy_async_shared();
+  __syncthreads();
+  float d[32] = {};
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wg::mma<64, 1, 1>(d, wg::descriptor(as + kk * 2048, 8192, 1024), wg::descriptor(bs + kk * 2048, 8192, 1024),
+                      kk > 0);
+  wg::commit();
+  wg::wait<0>();
+  store_accumulators<64>(d, c);
+}
+
 }  // namespace
+
+void wgmma_mn_major(const uint16_t* a, const uint16_t* b, float* c) {
+  mn_major_kernel<<<1, 128>>>(a, b, c);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
 
 void wgmma_k_major(const uint16_t* a, const uint16_t* b, float* c, int k) {
   if (k == 64)

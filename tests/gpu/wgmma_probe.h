@@ -16,4 +16,8 @@ void wgmma_k_major(const uint16_t* a, const uint16_t* b, float* c, int k);
 void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n, uint32_t lbo,
                               uint32_t sbo);
 
+// c [64, 64] fp32 = aᵀ · b for a [64 k, 64 m] and b [64 k, 64 n] (row-major, bf16 bits): both
+// operands MN-major in shared memory, as the one-pass dQ = dS K reads dSᵀ and K.
+void wgmma_mn_major(const uint16_t* a, const uint16_t* b, float* c);
+
 }  // namespace quiver::gpu_testing
