@@ -675,6 +675,71 @@ __device__ __forceinline__ int dq_sum_col(int r, int c) {
   return c ^ ((r & 7) << (kPadded % 32 == 0 ? 2 : 1));
 }
 
+// The dK/dV passes' rule step over one query tile for a warp's key rows key[0], key[1]: the
+// scores S^T (st) and dP^T (dpt) in, P^T and dS^T out (zero outside the mask when the query tile
+// starting at p0 reaches into the key tile starting at j0).
+template <int kQueryTiles, class Rule>
+__device__ __forceinline__ void key_tile_grads(const Rule& rule, float (&st)[kQueryTiles][4],
+                                               float (&dpt)[kQueryTiles][4], const float* norm_t,
+                                               const float* delta_t, int64_t p0, int64_t j0,
+                                               const int64_t (&key)[2], int64_t T) {
+  const int tig = threadIdx.x % 4;
+  const bool masked = p0 < j0 + kTile;  // the query tile reaches into the key tile
+#pragma unroll
+  for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * tig + (e & 1);
+      ScoreGrad sg = rule.grad(st[nt][e], norm_t[c], dpt[nt][e], delta_t[c]);
+      if (masked) {
+        const int64_t p = p0 + c, j = key[e / 2];
+        if (!(j < T && p < T && rule.visible(p, j))) sg = ScoreGrad{0.0f, 0.0f};
+      }
+      st[nt][e] = sg.prob;
+      dpt[nt][e] = sg.ds;
+    }
+}
+
+// The dK/dV passes' end for a warp's key rows: the Self row terms (kSelf rules), then dk (scaled)
+// and dv staged through the warp's own rows of the key and value tiles ks, vs and stored.
+template <int kPadded, bool kSwizzled, class Rule>
+__device__ __forceinline__ void finish_key_rows(const BackwardIo& a, const Rule& rule, float (&dk)[kPadded / 8][4],
+                                                float (&dv)[kPadded / 8][4], uint16_t* ks, uint16_t* vs,
+                                                int64_t j0, const int64_t (&key)[2]) {
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, g = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
+  if constexpr (Rule::kSelf) {  // Hq = Hkv: key row j of head g is also query row j of head g
+    const uint16_t* q_row[2] = {nullptr, nullptr};
+    const uint16_t* dy_row[2] = {nullptr, nullptr};
+    float dk_coef[2] = {0.0f, 0.0f}, dv_coef[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (key[half] >= T) continue;
+      const int64_t off = (b * T * d.Hq + g) * Dh + key[half] * q_stride;
+      q_row[half] = a.q + off;
+      dy_row[half] = a.dy + off;
+      rule.key_self((b * d.Hq + g) * T + key[half], dk_coef[half], dv_coef[half]);
+    }
+    add_rows<kPadded>(dk, q_row, dk_coef, Dh);
+    add_rows<kPadded>(dv, dy_row, dv_coef, Dh);
+  }
+
+  // Each warp stages its own 16 rows of ks / vs (read by no other warp).
+  __syncwarp();
+  const float dk_scale[2] = {rule.scale, rule.scale}, one[2] = {1.0f, 1.0f};
+  stage_rows<kPadded, kSwizzled>(ks, warp * kWarpRows, dk, dk_scale);
+  stage_rows<kPadded, kSwizzled>(vs, warp * kWarpRows, dv, one);
+  __syncwarp();
+  const int64_t row0 = j0 + warp * kWarpRows;
+  store_rows<kPadded, kSwizzled>(a.dk + kv_off, row0, T, kv_stride, Dh, vec, ks, warp * kWarpRows);
+  store_rows<kPadded, kSwizzled>(a.dv + kv_off, row0, T, kv_stride, Dh, vec, vs, warp * kWarpRows);
+}
+
 // dK, dV. Grid (key tiles, Hkv, B); the lowest key tiles (the most query tiles) run first.
 // Loops over the group's query heads and the query tiles at or after the key tile, so dk and dv
 // are summed in a fixed order:
@@ -789,20 +854,7 @@ __global__ void __launch_bounds__(kThreads)
     two_products<kPadded, kHold>(st, kf, ks, qst, dpt, vf, vs, dyst, warp * kWarpRows);
 
     const int64_t p0 = tile_of(it);
-    const bool masked = p0 < j0 + kTile;  // the query tile reaches into the key tile
-#pragma unroll
-    for (int nt = 0; nt < kQueryTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * tig + (e & 1);
-        ScoreGrad sg = rule.grad(st[nt][e], norm_t[c], dpt[nt][e], delta_t[c]);
-        if (masked) {
-          const int64_t p = p0 + c, j = key[e / 2];
-          if (!(j < T && p < T && rule.visible(p, j))) sg = ScoreGrad{0.0f, 0.0f};
-        }
-        st[nt][e] = sg.prob;
-        dpt[nt][e] = sg.ds;
-      }
+    key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) {
@@ -866,31 +918,178 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
   }
 
-  if constexpr (Rule::kSelf) {  // Hq = Hkv: key row j of head g is also query row j of head g
-    const uint16_t* q_row[2] = {nullptr, nullptr};
-    const uint16_t* dy_row[2] = {nullptr, nullptr};
-    float dk_coef[2] = {0.0f, 0.0f}, dv_coef[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (key[half] >= T) continue;
-      const int64_t off = (b * T * d.Hq + g) * Dh + key[half] * q_stride;
-      q_row[half] = a.q + off;
-      dy_row[half] = a.dy + off;
-      rule.key_self((b * d.Hq + g) * T + key[half], dk_coef[half], dv_coef[half]);
-    }
-    add_rows<kPadded>(dk, q_row, dk_coef, Dh);
-    add_rows<kPadded>(dv, dy_row, dv_coef, Dh);
+  finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key);
+}
+
+// dK, dV and the one-pass dQ on wgmma (opt-in with the one-pass dQ: flash_wgmma; head widths up
+// to 96). dkdv_kernel's grid, loop and rule step, with every product a warpgroup product over
+// swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory (K-major);
+// dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major; the dQ share
+// dS K with dS^T staged in a swizzled tile (A MN-major) and K MN-major. The share goes through
+// the shared fp32 tile and one bulk reduction as in dkdv_kernel.
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
+  static_assert(kPadded <= 96, "the one-pass dQ takes head widths up to 96");
+  constexpr int kChunks = kPadded / 16;
+  constexpr int kDTiles = kPadded / 8;
+  constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
+  constexpr int kT = kSwizzledTile<kPadded>;
+  constexpr uint32_t kPanelBytes = kTile * 128;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint16_t* ks = reinterpret_cast<uint16_t*>(aligned);  // key tile; dk staging at the end
+  uint16_t* vs = ks + kT;                                // value tile; dv staging
+  uint16_t* qs = vs + kT;                                // 2 stages of query tiles
+  uint16_t* dys = qs + 2 * kT;                           // 2 stages of dy tiles
+  uint16_t* dss = dys + 2 * kT;                          // dS^T [64 keys, 64 queries], one panel
+  float* dqs = reinterpret_cast<float*>(dss + kSwizzledTile<64>);  // the dQ share (dq_sum_col)
+  float* norm_s = dqs + kTile * kPadded;                           // 2 stages of [64], base 2
+  float* delta_s = norm_s + 2 * kTile;                             // 2 stages of [64]
+
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, group = d.Hq / d.Hkv;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t g = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
+  const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
+  const int64_t t_pad = (T + kTile - 1) / kTile * kTile;
+
+  // Iteration `it`: query head g·group + it / nq, query tile j0 + (it % nq)·64 (dkdv_kernel).
+  const int64_t nq = (T - j0 + kTile - 1) / kTile;
+  const int64_t total = group * nq;
+  auto head_of = [&](int64_t it) { return g * group + it / nq; };
+  auto tile_of = [&](int64_t it) { return j0 + (it % nq) * kTile; };
+  auto issue = [&](int64_t it, int stage) {
+    const int64_t q_off = (b * T * d.Hq + head_of(it)) * Dh, p0 = tile_of(it);
+    load_tile<kTile, kPadded, true>(qs + stage * kT, a.q + q_off, p0, T, q_stride, Dh, vec);
+    load_tile<kTile, kPadded, true>(dys + stage * kT, a.dy + q_off, p0, T, q_stride, Dh, vec);
+  };
+  auto norm_of = [&](int64_t it) {
+    const int64_t p = tile_of(it) + threadIdx.x;
+    return p < T ? rule.row_norm2((b * d.Hq + head_of(it)) * T + p) : INFINITY;
+  };
+  auto delta_of = [&](int64_t it) {
+    const int64_t p = tile_of(it) + threadIdx.x;
+    return p < T ? a.delta[(b * d.Hq + head_of(it)) * T + p] : 0.0f;
+  };
+
+  load_tile<kTile, kPadded, true>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
+  load_tile<kTile, kPadded, true>(vs, a.v + kv_off, j0, T, kv_stride, Dh, vec);
+  cp_async_commit();
+  issue(0, 0);
+  cp_async_commit();
+  if (threadIdx.x < kTile) {
+    norm_s[threadIdx.x] = norm_of(0);
+    delta_s[threadIdx.x] = delta_of(0);
   }
 
-  // Each warp stages its own 16 rows of ks / vs (read by no other warp).
-  __syncwarp();
-  const float dk_scale[2] = {rule.scale, rule.scale}, one[2] = {1.0f, 1.0f};
-  stage_rows<kPadded>(ks, warp * kWarpRows, dk, dk_scale);
-  stage_rows<kPadded>(vs, warp * kWarpRows, dv, one);
-  __syncwarp();
-  const int64_t row0 = j0 + warp * kWarpRows;
-  store_rows<kPadded>(a.dk + kv_off, row0, T, kv_stride, Dh, vec, ks, warp * kWarpRows);
-  store_rows<kPadded>(a.dv + kv_off, row0, T, kv_stride, Dh, vec, vs, warp * kWarpRows);
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  auto& dk_flat = reinterpret_cast<float(&)[kPadded / 2]>(dk);
+  auto& dv_flat = reinterpret_cast<float(&)[kPadded / 2]>(dv);
+
+  for (int64_t it = 0; it < total; ++it) {
+    const int stage = static_cast<int>(it & 1);
+    float norm_next = 0.0f, delta_next = 0.0f;
+    if (it + 1 < total) {
+      issue(it + 1, stage ^ 1);
+      if (threadIdx.x < kTile) {
+        norm_next = norm_of(it + 1);
+        delta_next = delta_of(it + 1);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async_shared();  // the tiles are read by the tensor cores
+    __syncthreads();
+    const uint16_t* qst = qs + stage * kT;
+    const uint16_t* dyst = dys + stage * kT;
+    const float* norm_t = norm_s + stage * kTile;
+    const float* delta_t = delta_s + stage * kTile;
+
+    float st[kQueryTiles][4], dpt[kQueryTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
+    auto& st_flat = reinterpret_cast<float(&)[kTile / 2]>(st);
+    auto& dpt_flat = reinterpret_cast<float(&)[kTile / 2]>(dpt);
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+      const int at = tile_offset<kPadded, true>(0, kc * 16);
+      wgmma::mma<kTile, 0, 0>(st_flat, wgmma::descriptor(ks + at, 16, 1024), wgmma::descriptor(qst + at, 16, 1024),
+                              kc > 0);
+      wgmma::mma<kTile, 0, 0>(dpt_flat, wgmma::descriptor(vs + at, 16, 1024),
+                              wgmma::descriptor(dyst + at, 16, 1024), kc > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+
+    const int64_t p0 = tile_of(it);
+    key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
+
+    // P^T, dS^T as A fragments; dS^T also into dss (row = key, column = query) for the dQ share.
+    uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      pack_a(pa[kk], st, kk);
+      pack_a(dsa[kk], dpt, kk);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
+        *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
+            pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
+      }
+    fence_proxy_async_shared();
+    if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
+    __syncthreads();
+
+    float dq[kDTiles][4];
+    auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      // k = query rows 16 kk .. of dO and Q (MN-major); for dQ, k = key rows 16 kk .. of dS^T, K.
+      const int at = kk * 16 * 64;
+      wgmma::mma<kPadded, 1>(dv_flat, pa[kk], wgmma::descriptor(dyst + at, kPanelBytes, 1024), true);
+      wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], wgmma::descriptor(qst + at, kPanelBytes, 1024), true);
+      wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::descriptor(dss + at, kPanelBytes, 1024),
+                                wgmma::descriptor(ks + at, kPanelBytes, 1024), kk > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = warp * kWarpRows + grp + 8 * half, c = dt * 8 + 2 * tig;
+        *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
+            make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
+      }
+    fence_proxy_async_shared();  // the share is read by the bulk reduction below
+    if (threadIdx.x < kTile) {
+      norm_s[(stage ^ 1) * kTile + threadIdx.x] = norm_next;
+      delta_s[(stage ^ 1) * kTile + threadIdx.x] = delta_next;
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    if (threadIdx.x == 0)
+      bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * t_pad + p0) * kPadded, dqs,
+                          sizeof(float) * kTile * kPadded);
+  }
+  if (threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
+
+  finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key);
 }
 
 // dQ. Grid (query tiles, Hq, B); tiles run heaviest first.
@@ -1045,6 +1244,12 @@ constexpr size_t dkdv_smem() {
   return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> + sizeof(float) * 4 * kBr +
          (kAtomicDq ? sizeof(uint16_t) * kTile * (kBr + 8) + sizeof(float) * kTile * kPadded : 0);
 }
+// Six swizzled tiles, the dS^T tile, the fp32 share, the row terms and the alignment slack.
+template <int kPadded>
+constexpr size_t dkdv_wgmma_smem() {
+  return sizeof(uint16_t) * (6 * kSwizzledTile<kPadded> + kSwizzledTile<64>) + sizeof(float) * kTile * kPadded +
+         sizeof(float) * 4 * kTile + 1024;
+}
 template <int kPadded>
 constexpr size_t dq_smem() {
   return sizeof(uint16_t) * 6 * kTile * kRowStride<kPadded>;
@@ -1092,10 +1297,17 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
     if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
-      auto dkdv = dkdv_kernel<kPadded, Rule, true>;
-      constexpr size_t bytes = dkdv_smem<kPadded, true>();
-      allow_smem(dkdv, bytes);
-      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      if (flash_wgmma()) {
+        auto dkdv = dkdv_wgmma_kernel<kPadded, Rule>;
+        constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
+        allow_smem(dkdv, bytes);
+        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      } else {
+        auto dkdv = dkdv_kernel<kPadded, Rule, true>;
+        constexpr size_t bytes = dkdv_smem<kPadded, true>();
+        allow_smem(dkdv, bytes);
+        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      }
       QV_CUDA_CHECK(cudaGetLastError());
       dq_finish_kernel<kPadded, Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
