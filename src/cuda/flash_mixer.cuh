@@ -921,15 +921,15 @@ __global__ void __launch_bounds__(kThreads)
   finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key);
 }
 
-// dK, dV and the one-pass dQ on wgmma (opt-in with the one-pass dQ: flash_wgmma; head widths up
-// to 96). dkdv_kernel's grid, loop and rule step, with every product a warpgroup product over
-// swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory (K-major);
-// dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major; the dQ share
-// dS K with dS^T staged in a swizzled tile (A MN-major) and K MN-major. The share goes through
-// the shared fp32 tile and one bulk reduction as in dkdv_kernel.
-template <int kPadded, class Rule>
+// dK, dV and (kAtomicDq) the one-pass dQ on wgmma (opt-in: flash_wgmma; head widths up to 96).
+// dkdv_kernel's grid, loop and rule step, with every product a warpgroup product over swizzled
+// tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory (K-major); dV += P^T dO
+// and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major; the dQ share dS K with dS^T
+// staged in a swizzled tile (A MN-major) and K MN-major, then through the shared fp32 tile and
+// one bulk reduction as in dkdv_kernel.
+template <int kPadded, class Rule, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
-  static_assert(kPadded <= 96, "the one-pass dQ takes head widths up to 96");
+  static_assert(kPadded <= 96, "the wgmma backward takes head widths up to 96");
   constexpr int kChunks = kPadded / 16;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
@@ -941,9 +941,10 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
   uint16_t* vs = ks + kT;                                // value tile; dv staging
   uint16_t* qs = vs + kT;                                // 2 stages of query tiles
   uint16_t* dys = qs + 2 * kT;                           // 2 stages of dy tiles
-  uint16_t* dss = dys + 2 * kT;                          // dS^T [64 keys, 64 queries], one panel
-  float* dqs = reinterpret_cast<float*>(dss + kSwizzledTile<64>);  // the dQ share (dq_sum_col)
-  float* norm_s = dqs + kTile * kPadded;                           // 2 stages of [64], base 2
+  // kAtomicDq: dS^T [64 keys, 64 queries] in one panel and the dQ share (dq_sum_col).
+  uint16_t* dss = dys + 2 * kT;
+  float* dqs = reinterpret_cast<float*>(dss + (kAtomicDq ? kSwizzledTile<64> : 0));
+  float* norm_s = dqs + (kAtomicDq ? kTile * kPadded : 0);         // 2 stages of [64], base 2
   float* delta_s = norm_s + 2 * kTile;                             // 2 stages of [64]
 
   const Dims& d = a.dims;
@@ -1043,17 +1044,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
       pack_a(pa[kk], st, kk);
       pack_a(dsa[kk], dpt, kk);
     }
+    if constexpr (kAtomicDq) {
 #pragma unroll
-    for (int nt = 0; nt < kQueryTiles; ++nt)
+      for (int nt = 0; nt < kQueryTiles; ++nt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
-        *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
-            pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
-      }
-    fence_proxy_async_shared();
-    if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
-    __syncthreads();
+        for (int half = 0; half < 2; ++half) {
+          const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
+          *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
+              pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
+        }
+      fence_proxy_async_shared();
+      if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
+      __syncthreads();
+    }
 
     float dq[kDTiles][4];
     auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
@@ -1064,32 +1067,89 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
       const int at = kk * 16 * 64;
       wgmma::mma<kPadded, 1>(dv_flat, pa[kk], wgmma::descriptor(dyst + at, kPanelBytes, 1024), true);
       wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], wgmma::descriptor(qst + at, kPanelBytes, 1024), true);
-      wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::descriptor(dss + at, kPanelBytes, 1024),
-                                wgmma::descriptor(ks + at, kPanelBytes, 1024), kk > 0);
+      if constexpr (kAtomicDq)
+        wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::descriptor(dss + at, kPanelBytes, 1024),
+                                  wgmma::descriptor(ks + at, kPanelBytes, 1024), kk > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
+    if constexpr (kAtomicDq) {
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
+      for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = warp * kWarpRows + grp + 8 * half, c = dt * 8 + 2 * tig;
-        *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
-            make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
-      }
-    fence_proxy_async_shared();  // the share is read by the bulk reduction below
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp * kWarpRows + grp + 8 * half, c = dt * 8 + 2 * tig;
+          *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
+              make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
+        }
+      fence_proxy_async_shared();  // the share is read by the bulk reduction below
+    }
     if (threadIdx.x < kTile) {
       norm_s[(stage ^ 1) * kTile + threadIdx.x] = norm_next;
       delta_s[(stage ^ 1) * kTile + threadIdx.x] = delta_next;
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
-    if (threadIdx.x == 0)
+    if (kAtomicDq && threadIdx.x == 0)
       bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * t_pad + p0) * kPadded, dqs,
                           sizeof(float) * kTile * kPadded);
   }
-  if (threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
+  if (kAtomicDq && threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
 
   finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key);
+}
+
+// The dQ passes' rule step over one key tile (starting at j0) for a warp's query rows row[0],
+// row[1] with their normalizers and D: the scores S and dP in, dS out in dp (zero outside the
+// mask on the diagonal tile).
+template <class Rule>
+__device__ __forceinline__ void query_tile_grads(const Rule& rule, float (&s)[kTile / 8][4],
+                                                 float (&dp)[kTile / 8][4], const float (&norm2)[2],
+                                                 const float (&delta)[2], bool diagonal, int64_t j0,
+                                                 const int64_t (&row)[2], int64_t T) {
+  const int tig = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e / 2;
+      float ds = rule.grad(s[nt][e], norm2[half], dp[nt][e], delta[half]).ds;
+      if (diagonal) {
+        const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
+        if (!(j < T && row[half] < T && rule.visible(row[half], j))) ds = 0.0f;
+      }
+      dp[nt][e] = ds;
+    }
+}
+
+// The dQ passes' end for a warp's query rows: the Self row term (kSelf rules), then dq scaled,
+// staged through the warp's own rows of the query tile qs and stored.
+template <int kPadded, bool kSwizzled, class Rule>
+__device__ __forceinline__ void finish_query_rows(const BackwardIo& a, const Rule& rule, float (&dq)[kPadded / 8][4],
+                                                  uint16_t* qs, int64_t p0, const int64_t (&row)[2]) {
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  const int wrow = threadIdx.x / 32 * kWarpRows;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  if constexpr (Rule::kSelf) {  // Hq = Hkv: query row p of head h is also key row p of head h
+    const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
+    const uint16_t* k_row[2] = {nullptr, nullptr};
+    float coef[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (row[half] >= T) continue;
+      k_row[half] = kb + row[half] * kv_stride;
+      coef[half] = rule.query_self((b * d.Hq + h) * T + row[half]);
+    }
+    add_rows<kPadded>(dq, k_row, coef, Dh);
+  }
+
+  // The warp stages its own 16 rows of qs (read by no other warp).
+  const float dq_scale[2] = {rule.scale, rule.scale};
+  stage_rows<kPadded, kSwizzled>(qs, wrow, dq, dq_scale);
+  __syncwarp();
+  store_rows<kPadded, kSwizzled>(a.dq + (b * T * d.Hq + h) * Dh, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
 }
 
 // dQ. Grid (query tiles, Hq, B); tiles run heaviest first.
@@ -1113,7 +1173,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t q_off = (b * T * d.Hq + h) * Dh;
   const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
@@ -1161,20 +1221,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     two_products<kPadded, kHold>(s, qf, qs, kst, dp, dyf, dys, vst, wrow);
 
-    const int64_t j0 = static_cast<int64_t>(kt) * kTile;
-    const bool diagonal = kt == n_kt - 1;
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e / 2;
-        float ds = rule.grad(s[nt][e], norm2[half], dp[nt][e], delta[half]).ds;
-        if (diagonal) {
-          const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
-          if (!(j < T && row[half] < T && rule.visible(row[half], j))) ds = 0.0f;
-        }
-        dp[nt][e] = ds;
-      }
+    query_tile_grads(rule, s, dp, norm2, delta, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
 
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
@@ -1185,23 +1232,101 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
-  if constexpr (Rule::kSelf) {  // Hq = Hkv: query row p of head h is also key row p of head h
-    const uint16_t* k_row[2] = {nullptr, nullptr};
-    float coef[2] = {0.0f, 0.0f};
+  finish_query_rows<kPadded, false>(a, rule, dq, qs, p0, row);
+}
+
+// dQ on wgmma (opt-in: flash_wgmma; head widths up to 96): dq_kernel's grid, loop and rule step,
+// with S = Q K^T and dP = dO V^T from swizzled shared tiles (K-major) and dQ += dS K with dS from
+// registers and K MN-major.
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, const Rule rule) {
+  constexpr int kChunks = kPadded / 16;
+  constexpr int kDTiles = kPadded / 8;
+  constexpr int kKeyTiles = kTile / 8;
+  constexpr int kT = kSwizzledTile<kPadded>;
+  constexpr uint32_t kPanelBytes = kTile * 128;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // query tile; dq staging
+  uint16_t* dys = qs + kT;                               // dy tile
+  uint16_t* ks = dys + kT;                               // 2 stages
+  uint16_t* vs = ks + 2 * kT;                            // 2 stages
+
+  const Dims& d = a.dims;
+  const int Dh = static_cast<int>(d.Dh);
+  const bool vec = Dh % 8 == 0;
+  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
+  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
+  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
+  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
+  const int64_t q_off = (b * T * d.Hq + h) * Dh;
+  const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
+  const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
+  const int wrow = warp * kWarpRows;
+  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
+
+  load_tile<kTile, kPadded, true>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
+  load_tile<kTile, kPadded, true>(dys, a.dy + q_off, p0, T, q_stride, Dh, vec);
+  cp_async_commit();
+  load_tile<kTile, kPadded, true>(ks, kb, 0, T, kv_stride, Dh, vec);
+  load_tile<kTile, kPadded, true>(vs, vb, 0, T, kv_stride, Dh, vec);
+  cp_async_commit();
+  float norm2[2], delta[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (row[half] >= T) continue;
-      k_row[half] = kb + row[half] * kv_stride;
-      coef[half] = rule.query_self((b * d.Hq + h) * T + row[half]);
-    }
-    add_rows<kPadded>(dq, k_row, coef, Dh);
+  for (int half = 0; half < 2; ++half) {
+    const bool valid = row[half] < T;
+    const int64_t r = (b * d.Hq + h) * T + row[half];
+    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
+    delta[half] = valid ? a.delta[r] : 0.0f;
   }
 
-  // The warp stages its own 16 rows of qs (read by no other warp).
-  const float dq_scale[2] = {rule.scale, rule.scale};
-  stage_rows<kPadded>(qs, wrow, dq, dq_scale);
-  __syncwarp();
-  store_rows<kPadded>(a.dq + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
+  float dq[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+  auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
+
+  const int n_kt = static_cast<int>(p0 / kTile) + 1;
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    const uint16_t* kst = ks + stage * kT;
+    const uint16_t* vst = vs + stage * kT;
+
+    float s[kKeyTiles][4], dp[kKeyTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+    auto& s_flat = reinterpret_cast<float(&)[kTile / 2]>(s);
+    auto& dp_flat = reinterpret_cast<float(&)[kTile / 2]>(dp);
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+      const int at = tile_offset<kPadded, true>(0, kc * 16);
+      wgmma::mma<kTile, 0, 0>(s_flat, wgmma::descriptor(qs + at, 16, 1024), wgmma::descriptor(kst + at, 16, 1024),
+                              kc > 0);
+      wgmma::mma<kTile, 0, 0>(dp_flat, wgmma::descriptor(dys + at, 16, 1024), wgmma::descriptor(vst + at, 16, 1024),
+                              kc > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+
+    query_tile_grads(rule, s, dp, norm2, delta, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
+
+    uint32_t dsa[kKeyTiles / 2][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) pack_a(dsa[kk], dp, kk);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk)  // k = key rows 16 kk .. of K (MN-major)
+      wgmma::mma<kPadded, 1>(dq_flat, dsa[kk], wgmma::descriptor(kst + kk * 16 * 64, kPanelBytes, 1024), true);
+    wgmma::commit();
+    wgmma::wait<0>();
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  finish_query_rows<kPadded, true>(a, rule, dq, qs, p0, row);
 }
 
 // The one-pass dQ's rounding: dq = scale · (the fp32 sums + the Self row term), one warp per row
@@ -1244,11 +1369,16 @@ constexpr size_t dkdv_smem() {
   return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> + sizeof(float) * 4 * kBr +
          (kAtomicDq ? sizeof(uint16_t) * kTile * (kBr + 8) + sizeof(float) * kTile * kPadded : 0);
 }
-// Six swizzled tiles, the dS^T tile, the fp32 share, the row terms and the alignment slack.
-template <int kPadded>
+// Six swizzled tiles, with kAtomicDq the dS^T tile and the fp32 share, the row terms and the
+// alignment slack; the wgmma dQ pass: six swizzled tiles and the slack.
+template <int kPadded, bool kAtomicDq>
 constexpr size_t dkdv_wgmma_smem() {
-  return sizeof(uint16_t) * (6 * kSwizzledTile<kPadded> + kSwizzledTile<64>) + sizeof(float) * kTile * kPadded +
-         sizeof(float) * 4 * kTile + 1024;
+  return sizeof(uint16_t) * (6 * kSwizzledTile<kPadded> + (kAtomicDq ? kSwizzledTile<64> : 0)) +
+         (kAtomicDq ? sizeof(float) * kTile * kPadded : 0) + sizeof(float) * 4 * kTile + 1024;
+}
+template <int kPadded>
+constexpr size_t dq_wgmma_smem() {
+  return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + 1024;
 }
 template <int kPadded>
 constexpr size_t dq_smem() {
@@ -1298,8 +1428,8 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
       if (flash_wgmma()) {
-        auto dkdv = dkdv_wgmma_kernel<kPadded, Rule>;
-        constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
+        auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true>;
+        constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
         allow_smem(dkdv, bytes);
         dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
       } else {
@@ -1314,6 +1444,21 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       return;
     }
   }
+  const dim3 query_grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
+  if constexpr (kPadded <= 96) {
+    if (flash_wgmma()) {
+      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, false>;
+      auto dq = dq_wgmma_kernel<kPadded, Rule>;
+      constexpr size_t dkdv_bytes = dkdv_wgmma_smem<kPadded, false>(), dq_bytes = dq_wgmma_smem<kPadded>();
+      allow_smem(dkdv, dkdv_bytes);
+      allow_smem(dq, dq_bytes);
+      dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
+      QV_CUDA_CHECK(cudaGetLastError());
+      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
+      QV_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   auto dkdv = dkdv_kernel<kPadded, Rule, false>;
   auto dq = dq_kernel<kPadded, Rule>;
   constexpr size_t dkdv_bytes = dkdv_smem<kPadded>(), dq_bytes = dq_smem<kPadded>();
@@ -1321,8 +1466,7 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
   allow_smem(dq, dq_bytes);
   dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
   QV_CUDA_CHECK(cudaGetLastError());
-  dq<<<dim3(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B)), kThreads,
-       dq_bytes, stream>>>(io, rule);
+  dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
