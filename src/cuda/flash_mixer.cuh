@@ -957,7 +957,6 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
   const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
-  const int64_t t_pad = (T + kTile - 1) / kTile * kTile;
 
   // Iteration `it`: query head g·group + it / nq, query tile j0 + (it % nq)·64 (dkdv_kernel).
   const int64_t nq = (T - j0 + kTile - 1) / kTile;
@@ -1090,7 +1089,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
     if (kAtomicDq && threadIdx.x == 0)
-      bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * t_pad + p0) * kPadded, dqs,
+      bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
                           sizeof(float) * kTile * kPadded);
   }
   if (kAtomicDq && threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
