@@ -60,7 +60,7 @@ bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
 bool flash_wgmma() {
   static const bool on = [] {
     const char* env = std::getenv("QUIVER_FLASH_WGMMA");
-    return env != nullptr && std::string(env) == "1";
+    return env == nullptr || std::string(env) != "0";
   }();
   return on;
 }

@@ -57,8 +57,8 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
-// The flash forward (attention and FlashRelation) on wgmma (flash_mixer.cuh,
-// forward_wgmma_kernel) instead of mma.sync. Under evaluation: on only with QUIVER_FLASH_WGMMA=1.
+// The flash kernels (attention and FlashRelation) on wgmma (flash_mixer.cuh) instead of
+// mma.sync. Under evaluation: on unless QUIVER_FLASH_WGMMA=0.
 bool flash_wgmma();
 
 }  // namespace quiver::cuda

@@ -137,18 +137,18 @@ __device__ __forceinline__ float quad_sum(float x) {
 template <int kPadded>
 inline constexpr int kRowStride = kPadded + 8;  // bf16 elements per shared tile row
 
-// The wgmma forward (forward_wgmma_kernel) keeps its 64-row tiles as 128-byte swizzled panels of
-// 64 columns (wgmma.cuh) instead: bf16 elements per such tile.
+// The wgmma kernels keep their 64-row tiles as swizzled panels (wgmma::Panels) instead: bf16
+// elements per such tile.
 template <int kPadded>
-inline constexpr int kSwizzledTile = (kPadded + 63) / 64 * kTile * 64;
+inline constexpr int kSwizzledTile = wgmma::Panels<kPadded>::kBytes / 2;
 
 // Element (r, c) of a shared tile, in bf16 elements from its start: rows of kPadded + 8, or
-// (kSwizzled; 64-row tiles only) swizzled 64-column panels. Pairs (c even, c + 1) and 16-byte
+// (kSwizzled; 64-row tiles only) swizzled panels. Pairs (c even, c + 1) and 16-byte
 // pieces (c a multiple of 8) stay contiguous in both.
 template <int kPadded, bool kSwizzled>
 __device__ __forceinline__ int tile_offset(int r, int c) {
   if constexpr (kSwizzled)
-    return (c / 64) * (kTile * 64) + static_cast<int>(wgmma::swizzle128(r, c % 64) / 2);
+    return static_cast<int>(wgmma::Panels<kPadded>::offset(r, c) / 2);
   else
     return r * kRowStride<kPadded> + c;
 }
@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(kThreads) forward_wgmma_kernel(const ForwardIo
   constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
   constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
   constexpr int kT = kSwizzledTile<kPadded>;
-  constexpr uint32_t kPanelBytes = kTile * 128;  // 64 rows of 128 bytes
+  using Panels = wgmma::Panels<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // one tile; the output staging at the end
@@ -621,9 +621,7 @@ __global__ void __launch_bounds__(kThreads) forward_wgmma_kernel(const ForwardIo
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) {
-      const int at = tile_offset<kPadded, true>(0, kc * 16);  // the k step's panel and offset
-      wgmma::mma<kTile, 0, 0>(s_flat, wgmma::descriptor(qs + at, 16, 1024), wgmma::descriptor(kst + at, 16, 1024),
-                           kc > 0);
+      wgmma::mma<kTile, 0, 0>(s_flat, Panels::k_major(qs, kc * 16), Panels::k_major(kst, kc * 16), kc > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -637,7 +635,7 @@ __global__ void __launch_bounds__(kThreads) forward_wgmma_kernel(const ForwardIo
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk)  // key rows 16 kk ..: 16 rows of 128 bytes in every panel
-      wgmma::mma<kPadded, 1>(o_flat, pa[kk], wgmma::descriptor(vst + kk * 16 * 64, kPanelBytes, 1024), true);
+      wgmma::mma<kPadded, 1>(o_flat, pa[kk], Panels::mn_major(vst, kk * 16), true);
     wgmma::commit();
     wgmma::wait<0>();
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -934,7 +932,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
   constexpr int kT = kSwizzledTile<kPadded>;
-  constexpr uint32_t kPanelBytes = kTile * 128;
+  using Panels = wgmma::Panels<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint16_t* ks = reinterpret_cast<uint16_t*>(aligned);  // key tile; dk staging at the end
@@ -1024,11 +1022,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) {
-      const int at = tile_offset<kPadded, true>(0, kc * 16);
-      wgmma::mma<kTile, 0, 0>(st_flat, wgmma::descriptor(ks + at, 16, 1024), wgmma::descriptor(qst + at, 16, 1024),
-                              kc > 0);
-      wgmma::mma<kTile, 0, 0>(dpt_flat, wgmma::descriptor(vs + at, 16, 1024),
-                              wgmma::descriptor(dyst + at, 16, 1024), kc > 0);
+      wgmma::mma<kTile, 0, 0>(st_flat, Panels::k_major(ks, kc * 16), Panels::k_major(qst, kc * 16), kc > 0);
+      wgmma::mma<kTile, 0, 0>(dpt_flat, Panels::k_major(vs, kc * 16), Panels::k_major(dyst, kc * 16), kc > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -1063,12 +1058,11 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       // k = query rows 16 kk .. of dO and Q (MN-major); for dQ, k = key rows 16 kk .. of dS^T, K.
-      const int at = kk * 16 * 64;
-      wgmma::mma<kPadded, 1>(dv_flat, pa[kk], wgmma::descriptor(dyst + at, kPanelBytes, 1024), true);
-      wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], wgmma::descriptor(qst + at, kPanelBytes, 1024), true);
+      wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
+      wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], Panels::mn_major(qst, kk * 16), true);
       if constexpr (kAtomicDq)
-        wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::descriptor(dss + at, kPanelBytes, 1024),
-                                  wgmma::descriptor(ks + at, kPanelBytes, 1024), kk > 0);
+        wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::Panels<kTile>::mn_major(dss, kk * 16), Panels::mn_major(ks, kk * 16),
+                                  kk > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -1243,7 +1237,7 @@ __global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, 
   constexpr int kDTiles = kPadded / 8;
   constexpr int kKeyTiles = kTile / 8;
   constexpr int kT = kSwizzledTile<kPadded>;
-  constexpr uint32_t kPanelBytes = kTile * 128;
+  using Panels = wgmma::Panels<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // query tile; dq staging
@@ -1302,11 +1296,8 @@ __global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, 
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < kChunks; ++kc) {
-      const int at = tile_offset<kPadded, true>(0, kc * 16);
-      wgmma::mma<kTile, 0, 0>(s_flat, wgmma::descriptor(qs + at, 16, 1024), wgmma::descriptor(kst + at, 16, 1024),
-                              kc > 0);
-      wgmma::mma<kTile, 0, 0>(dp_flat, wgmma::descriptor(dys + at, 16, 1024), wgmma::descriptor(vst + at, 16, 1024),
-                              kc > 0);
+      wgmma::mma<kTile, 0, 0>(s_flat, Panels::k_major(qs, kc * 16), Panels::k_major(kst, kc * 16), kc > 0);
+      wgmma::mma<kTile, 0, 0>(dp_flat, Panels::k_major(dys, kc * 16), Panels::k_major(vst, kc * 16), kc > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -1319,7 +1310,7 @@ __global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, 
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk)  // k = key rows 16 kk .. of K (MN-major)
-      wgmma::mma<kPadded, 1>(dq_flat, dsa[kk], wgmma::descriptor(kst + kk * 16 * 64, kPanelBytes, 1024), true);
+      wgmma::mma<kPadded, 1>(dq_flat, dsa[kk], Panels::mn_major(kst, kk * 16), true);
     wgmma::commit();
     wgmma::wait<0>();
     __syncthreads();  // this stage is refilled by the next iteration's prefetch

@@ -1,15 +1,17 @@
-// wgmma (sm_90a) for the tensor-core kernels: shared-memory matrix descriptors of 128-byte
-// swizzled bf16 tiles, the warpgroup product m64n64k16 (bf16 operands, fp32 accumulators) with A
-// from shared memory or from registers, and the fence / commit / wait that order it. Device
-// code only; a warpgroup is 4 consecutive warps starting at a warp index divisible by 4. The
-// instruction wrappers below are written out per width (generated: one asm operand per
-// accumulator).
+// wgmma (sm_90a) for the tensor-core kernels: shared-memory matrix descriptors of swizzled bf16
+// tiles, the warpgroup product m64nNk16 (bf16 operands, fp32 accumulators) with A from shared
+// memory or from registers, and the fence / commit / wait that order it. Device code only; a
+// warpgroup is 4 consecutive warps starting at a warp index divisible by 4. The instruction
+// wrappers below are written out per width (generated: one asm operand per accumulator).
 //
-// Tiles. A tile is 64 bf16 columns wide (128 bytes per row) and 1024-byte aligned; wider
-// operands are panels of such tiles. Within a tile the 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8) (the 128-byte swizzle, swizzle128), and 8-row groups are 1024 bytes apart. One
-// layout serves both operand majors: a tile of K rows [keys][64] is K-major for S = Q K^T (the
-// product's k runs along the row) and MN-major for O = P V (k runs down the rows).
+// Tiles (Panels<kCols>). A 64-row tile of kCols bf16 columns is stored as panels of 64 columns
+// (128-byte rows), or of 16 or 32 columns (32- or 64-byte rows) where kCols % 64 is 16 or 32, so
+// widths such as 80 and 96 are not padded to 128 (48 and 112 are: no mode swizzles 96-byte
+// rows). Within a panel of R-byte rows the 16-byte chunk at byte offset o moves to chunk
+// (o / 16) ^ ((o / 128) % (R / 16)), the hardware's R-byte swizzle; 8-row groups are 8 R bytes
+// apart, panels 64 R. One layout serves both operand majors: a tile of K rows [keys][kCols] is
+// K-major for S = Q K^T (the product's k runs along the row) and MN-major for O = P V (k runs
+// down the rows).
 //
 // Accumulators of m64nNk16, per thread of warp w (lane = 4 grp + tig): d[4j + 0, 1] at row
 // 16 w + grp, columns 8 j + 2 tig, + 1; d[4j + 2, 3] at row 16 w + grp + 8 (the mma.sync m16n8
@@ -22,20 +24,51 @@
 
 namespace quiver::cuda::detail::wgmma {
 
-// Byte offset of bf16 element (row, col < 64) in a swizzled tile.
-__device__ __forceinline__ uint32_t swizzle128(int row, int col) {
-  return static_cast<uint32_t>(row * 128 + ((((col * 2) >> 4) ^ (row & 7)) << 4) + ((col * 2) & 15));
+// The R-byte swizzle of byte offset `o` within a panel of R-byte rows (R = 32, 64, 128).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzle(uint32_t o) {
+  static_assert(kRowBytes == 32 || kRowBytes == 64 || kRowBytes == 128, "no such swizzle mode");
+  return o ^ (((o >> 7) & (kRowBytes / 16 - 1)) << 4);
 }
 
-// The descriptor of a swizzled operand starting at `p` (a tile base plus, for a K-major operand,
-// the k offset within the row, under 128 bytes). `lbo` and `sbo` in bytes: the leading-dimension
-// offset (K-major with the 128-byte swizzle: unused; MN-major: between 64-wide panels) and the
-// stride-dimension offset (between 8-row groups: 1024).
+// The descriptor of an operand in a panel of R-byte rows starting at `p` (a panel's base plus,
+// for a K-major operand, the k offset within the row, under R bytes). `lbo` and `sbo` in bytes:
+// the leading-dimension offset (K-major: unused; MN-major: between 64-column panels) and the
+// stride-dimension offset (between 8-row groups: 8 R).
+template <int kRowBytes>
 __device__ __forceinline__ uint64_t descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
+  constexpr uint64_t kMode = kRowBytes == 128 ? 1 : kRowBytes == 64 ? 2 : 3;
   const uint64_t addr = smem_addr(p);
   return ((addr & 0x3ffff) >> 4) | (uint64_t{(lbo >> 4) & 0x3fff} << 16) |
-         (uint64_t{(sbo >> 4) & 0x3fff} << 32) | (uint64_t{1} << 62);
+         (uint64_t{(sbo >> 4) & 0x3fff} << 32) | (kMode << 62);
 }
+
+// The panel layout of a 64-row tile of kCols columns (see the top of this file). Tiles are
+// 1024-byte aligned; kBytes is a multiple of 1024, so tiles placed one after another stay so.
+template <int kCols>
+struct Panels {
+  static_assert(kCols > 0 && kCols % 16 == 0, "tiles are a multiple of 16 columns wide");
+  static constexpr int kPanelCols = kCols % 64 == 16 ? 16 : kCols % 64 == 32 ? 32 : 64;
+  static constexpr int kRowBytes = 2 * kPanelCols;
+  static constexpr uint32_t kPanelBytes = 64 * kRowBytes;
+  static constexpr uint32_t kBytes = (kCols + kPanelCols - 1) / kPanelCols * kPanelBytes;
+
+  // Byte offset of element (r, c); pairs (c even) and 16-byte pieces (c % 8 = 0) stay contiguous.
+  static __device__ __forceinline__ uint32_t offset(int r, int c) {
+    return (c / kPanelCols) * kPanelBytes + swizzle<kRowBytes>(r * kRowBytes + (c % kPanelCols) * 2);
+  }
+  // The tile as a K-major operand over k = columns [c0, c0 + 16).
+  static __device__ __forceinline__ uint64_t k_major(const void* tile, int c0) {
+    return descriptor<kRowBytes>(static_cast<const unsigned char*>(tile) + (c0 / kPanelCols) * kPanelBytes +
+                                     (c0 % kPanelCols) * 2,
+                                 16, 8 * kRowBytes);
+  }
+  // The tile as an MN-major operand over k = rows [r0, r0 + 16) (r0 a multiple of 16), N up to
+  // kCols: panels kPanelBytes apart.
+  static __device__ __forceinline__ uint64_t mn_major(const void* tile, int r0) {
+    return descriptor<kRowBytes>(static_cast<const unsigned char*>(tile) + r0 * kRowBytes, kPanelBytes, 8 * kRowBytes);
+  }
+};
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

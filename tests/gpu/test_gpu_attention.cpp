@@ -250,12 +250,13 @@ double median_ms(int trials, Work work, cudaStream_t stream = nullptr) {
 }
 
 // Times forward + backward and the forward alone (cudaEvents, median of 10) at the Relation
-// paper's scales and alg110m's, and the decode step of alg110m-dense at batch 1 (a CUDA graph
+// paper's scales, alg110m's and head widths 96 and 128, and the decode step of alg110m-dense at batch 1 (a CUDA graph
 // of 100 steps, so launch gaps do not count). Prints; asserts only that the results are finite.
 TEST(GpuAttentionTiming, ForwardBackwardAtModelScales) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Case shapes[] = {
-      {64, 1024, 8, 8, 48}, {32, 2048, 8, 8, 64}, {8, 4096, 8, 8, 80}, {40, 1536, 32, 32, 24}};
+      {64, 1024, 8, 8, 48}, {32, 2048, 8, 8, 64}, {8, 4096, 8, 8, 80}, {40, 1536, 32, 32, 24},
+      {16, 2048, 8, 8, 96}, {16, 2048, 8, 8, 128}};
   std::printf("%-26s %10s %14s %12s %14s\n", "shape (B, T, H, Dh)", "fwd ms", "fwd tok/s",
               "fwd+bwd ms", "fwd+bwd tok/s");
   Rng rng(4242);

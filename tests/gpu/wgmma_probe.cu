@@ -1,5 +1,8 @@
 #include "gpu/wgmma_probe.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "cuda/check.h"
 #include "cuda/wgmma.cuh"
 
@@ -8,10 +11,11 @@ namespace {
 
 namespace wg = cuda::detail::wgmma;
 
-// Element (r, col) of a row-major [rows, width] bf16 operand into 64-wide swizzled panels of
-// `rows` rows each.
-__device__ void put(unsigned char* tiles, int rows, int r, int col, uint16_t v) {
-  *reinterpret_cast<uint16_t*>(tiles + (col / 64) * rows * 128 + wg::swizzle128(r, col % 64)) = v;
+// A row-major [64, kCols] operand into a Panels<kCols> tile.
+template <int kCols>
+__device__ void put_tile(unsigned char* tile, const uint16_t* x) {
+  for (int i = threadIdx.x; i < 64 * kCols; i += blockDim.x)
+    *reinterpret_cast<uint16_t*>(tile + wg::Panels<kCols>::offset(i / kCols, i % kCols)) = x[i];
 }
 
 // The accumulators of a 64 x N product into row-major c [64, N].
@@ -30,30 +34,25 @@ __device__ void store_accumulators(const float (&d)[N / 2], float* c) {
 
 template <int K>
 __global__ void __launch_bounds__(128) k_major_kernel(const uint16_t* a, const uint16_t* b, float* c) {
-  __shared__ __align__(1024) unsigned char as[64 * K * 2], bs[64 * K * 2];
-  for (int i = threadIdx.x; i < 64 * K; i += blockDim.x) {
-    put(as, 64, i / K, i % K, a[i]);
-    put(bs, 64, i / K, i % K, b[i]);
-  }
+  using P = wg::Panels<K>;
+  __shared__ __align__(1024) unsigned char as[P::kBytes], bs[P::kBytes];
+  put_tile<K>(as, a);
+  put_tile<K>(bs, b);
   cuda::detail::fence_proxy_async_shared();
   __syncthreads();
   float d[32] = {};
   wg::fence();
 #pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    const int at = (k0 / 64) * 64 * 128 + (k0 % 64) * 2;  // panel, then the k offset in the row
-    wg::mma<64, 0, 0>(d, wg::descriptor(as + at, 16, 1024), wg::descriptor(bs + at, 16, 1024), k0 > 0);
-  }
+  for (int k0 = 0; k0 < K; k0 += 16) wg::mma<64, 0, 0>(d, P::k_major(as, k0), P::k_major(bs, k0), k0 > 0);
   wg::commit();
   wg::wait<0>();
   store_accumulators<64>(d, c);
 }
 
 template <int N>
-__global__ void __launch_bounds__(128)
-    registers_mn_major_kernel(const uint16_t* a, const uint16_t* b, float* c, uint32_t lbo, uint32_t sbo) {
-  __shared__ __align__(1024) unsigned char bs[64 * N * 2];
-  for (int i = threadIdx.x; i < 64 * N; i += blockDim.x) put(bs, 64, i / N, i % N, b[i]);
+__global__ void __launch_bounds__(128) registers_mn_major_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  __shared__ __align__(1024) unsigned char bs[wg::Panels<N>::kBytes];
+  put_tile<N>(bs, b);
   cuda::detail::fence_proxy_async_shared();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
@@ -66,8 +65,7 @@ __global__ void __launch_bounds__(128)
   for (int kk = 0; kk < 4; ++kk) {
     const int r = 16 * warp + grp, k = 16 * kk + 2 * tig;
     const uint32_t frag[4] = {pair(r, k), pair(r + 8, k), pair(r, k + 8), pair(r + 8, k + 8)};
-    // k rows 16 kk .. 16 kk + 15 of B: two 8-row groups, 2048 bytes per step in every panel.
-    wg::mma<N, 1>(d, frag, wg::descriptor(bs + kk * 2048, lbo, sbo), kk > 0);
+    wg::mma<N, 1>(d, frag, wg::Panels<N>::mn_major(bs, 16 * kk), kk > 0);
   }
   wg::commit();
   wg::wait<0>();
@@ -75,47 +73,51 @@ __global__ void __launch_bounds__(128)
 }
 
 // A MN-major as well: both operands stored with the k index down the rows.
+template <int N>
 __global__ void __launch_bounds__(128) mn_major_kernel(const uint16_t* a, const uint16_t* b, float* c) {
-  __shared__ __align__(1024) unsigned char as[64 * 64 * 2], bs[64 * 64 * 2];
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
-    put(as, 64, i / 64, i % 64, a[i]);
-    put(bs, 64, i / 64, i % 64, b[i]);
-  }
+  __shared__ __align__(1024) unsigned char as[wg::Panels<64>::kBytes], bs[wg::Panels<N>::kBytes];
+  put_tile<64>(as, a);
+  put_tile<N>(bs, b);
   cuda::detail::fence_proxy_async_shared();
   __syncthreads();
-  float d[32] = {};
+  float d[N / 2] = {};
   wg::fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    wg::mma<64, 1, 1>(d, wg::descriptor(as + kk * 2048, 8192, 1024), wg::descriptor(bs + kk * 2048, 8192, 1024),
-                      kk > 0);
+    wg::mma<N, 1, 1>(d, wg::Panels<64>::mn_major(as, 16 * kk), wg::Panels<N>::mn_major(bs, 16 * kk), kk > 0);
   wg::commit();
   wg::wait<0>();
-  store_accumulators<64>(d, c);
+  store_accumulators<N>(d, c);
+}
+
+// Runs make<W>() for the probe width w.
+template <class Make>
+void for_width(int w, Make make) {
+  switch (w) {
+    case 16: make.template operator()<16>(); break;
+    case 32: make.template operator()<32>(); break;
+    case 48: make.template operator()<48>(); break;
+    case 64: make.template operator()<64>(); break;
+    case 80: make.template operator()<80>(); break;
+    case 96: make.template operator()<96>(); break;
+    case 128: make.template operator()<128>(); break;
+    default: throw std::invalid_argument("wgmma probe: no width " + std::to_string(w));
+  }
+  QV_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void wgmma_mn_major(const uint16_t* a, const uint16_t* b, float* c) {
-  mn_major_kernel<<<1, 128>>>(a, b, c);
-  QV_CUDA_CHECK(cudaGetLastError());
-}
-
 void wgmma_k_major(const uint16_t* a, const uint16_t* b, float* c, int k) {
-  if (k == 64)
-    k_major_kernel<64><<<1, 128>>>(a, b, c);
-  else
-    k_major_kernel<128><<<1, 128>>>(a, b, c);
-  QV_CUDA_CHECK(cudaGetLastError());
+  for_width(k, [&]<int W>() { k_major_kernel<W><<<1, 128>>>(a, b, c); });
 }
 
-void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n, uint32_t lbo,
-                              uint32_t sbo) {
-  if (n == 64)
-    registers_mn_major_kernel<64><<<1, 128>>>(a, b, c, lbo, sbo);
-  else
-    registers_mn_major_kernel<128><<<1, 128>>>(a, b, c, lbo, sbo);
-  QV_CUDA_CHECK(cudaGetLastError());
+void wgmma_registers_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n) {
+  for_width(n, [&]<int W>() { registers_mn_major_kernel<W><<<1, 128>>>(a, b, c); });
+}
+
+void wgmma_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n) {
+  for_width(n, [&]<int W>() { mn_major_kernel<W><<<1, 128>>>(a, b, c); });
 }
 
 }  // namespace quiver::gpu_testing
