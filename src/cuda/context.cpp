@@ -57,13 +57,6 @@ std::atomic<bool>& flash_dq_atomics_flag() {
 }  // namespace
 
 bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
-bool flash_wgmma() {
-  static const bool on = [] {
-    const char* env = std::getenv("QUIVER_FLASH_WGMMA");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return on;
-}
 void set_flash_dq_atomics(bool on) { flash_dq_atomics_flag().store(on); }
 
 Context& context() {

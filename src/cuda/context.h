@@ -57,10 +57,6 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
-// The flash kernels (attention and FlashRelation) on wgmma (flash_mixer.cuh) instead of
-// mma.sync. Under evaluation: on unless QUIVER_FLASH_WGMMA=0.
-bool flash_wgmma();
-
 }  // namespace quiver::cuda
 
 #define QV_CUBLAS_CHECK(call)                                                               \

@@ -189,19 +189,8 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&acc)[kNTi
 }
 
 // acc (16 rows x kNTiles n-tiles of 8) += A · tile[n, k0 .. k0 + 16)^T over the tile's first
-// 8 kNTiles rows: the scores of a warp's rows against a tile of rows. The two-product form
-// interleaves the loads of both (as the backward's S and dP products share their loop).
-template <int kPadded, int kNTiles>
-__device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint32_t (&a)[4],
-                                            const uint16_t* tile, int k0) {
-#pragma unroll
-  for (int np = 0; np < kNTiles / 2; ++np) {
-    uint32_t b[4];
-    load_b_of_rows<kPadded>(b, tile, np * 16, k0);
-    mma_bf16(acc[2 * np], a, b[0], b[1]);
-    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
-  }
-}
+// 8 kNTiles rows, and acc2 the same of A2 and tile2: the scores of a warp's rows against a tile
+// of rows, the loads of both products interleaved.
 template <int kPadded, int kNTiles>
 __device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint32_t (&a)[4],
                                             const uint16_t* tile, float (&acc2)[kNTiles][4],
@@ -221,16 +210,11 @@ __device__ __forceinline__ void mma_by_rows(float (&acc)[kNTiles][4], const uint
 
 // The backward's two score products of a warp's 16 rows over the head width, from zero:
 // acc = A · tile^T and acc2 = A2 · tile2^T, where A, A2 are rows [row0, row0 + 16) of the shared
-// tiles `rows`, `rows2`, held in registers for the whole loop (kHold: held[kc], held2[kc]) or
-// reloaded per call.
-template <int kPadded, bool kHold, int kNTiles>
-__device__ __forceinline__ void two_products(float (&acc)[kNTiles][4],
-                                             const uint32_t (&held)[kHold ? kPadded / 16 : 1][4],
-                                             const uint16_t* rows, const uint16_t* tile,
-                                             float (&acc2)[kNTiles][4],
-                                             const uint32_t (&held2)[kHold ? kPadded / 16 : 1][4],
-                                             const uint16_t* rows2, const uint16_t* tile2,
-                                             int row0) {
+// tiles `rows`, `rows2`.
+template <int kPadded, int kNTiles>
+__device__ __forceinline__ void two_products(float (&acc)[kNTiles][4], const uint16_t* rows, const uint16_t* tile,
+                                             float (&acc2)[kNTiles][4], const uint16_t* rows2,
+                                             const uint16_t* tile2, int row0) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -238,16 +222,8 @@ __device__ __forceinline__ void two_products(float (&acc)[kNTiles][4],
 #pragma unroll
   for (int kc = 0; kc < kPadded / 16; ++kc) {
     uint32_t a[4], a2[4];
-    if constexpr (kHold) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a[i] = held[kc][i];
-        a2[i] = held2[kc][i];
-      }
-    } else {
-      load_a<kPadded>(a, rows, row0, kc * 16);
-      load_a<kPadded>(a2, rows2, row0, kc * 16);
-    }
+    load_a<kPadded>(a, rows, row0, kc * 16);
+    load_a<kPadded>(a2, rows2, row0, kc * 16);
     mma_by_rows<kPadded>(acc, a, tile, acc2, a2, tile2, kc * 16);
   }
 }
@@ -412,18 +388,12 @@ __device__ __forceinline__ float quad_row_dot(const uint16_t* a, const uint16_t*
   return quad_sum(sum);
 }
 
-// A fragments (K, V in dK/dV; Q, dy in dQ) are held in registers for the whole loop up to this
-// width; wider heads reload them from shared memory per tile (the accumulators grow with the
-// width). Measured on the H200: capping the dK/dV kernel at 168 registers (3 blocks per SM,
-// 32-row query tiles) was 4-7% slower than 255 registers and 2 blocks per SM.
-template <int kPadded>
-inline constexpr bool kDkdvHold = kPadded <= 64;
-template <int kPadded>
-inline constexpr bool kDqHold = kPadded <= 64;
-// Query rows per tile of the dK/dV loop (the S^T and dP^T accumulators of a warp are
-// 16 x kDkdvQueryTile each, beside dK and dV of 16 x kPadded).
-template <int kPadded>
-inline constexpr int kDkdvQueryTile = kPadded <= 96 ? 64 : 32;
+// The backward runs on wgmma up to this head width: beyond it the dK and dV accumulators (a warp's
+// 16 x kPadded each) and the score tiles no longer fit the registers, and the mma.sync kernels
+// (dkdv_kernel with 32-row query tiles, dq_kernel) take over. The forward is on wgmma at every
+// width.
+inline constexpr int kWgmmaBackwardWidth = 96;
+inline constexpr int kDkdvQueryTile = 32;  // query rows per tile of dkdv_kernel's loop
 
 // ---- Forward ----------------------------------------------------------------------------------
 // The forward's online softmax over one key tile for a warp's 16 rows row[0], row[1] (8 apart,
@@ -477,100 +447,13 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
     }
 }
 
-// Grid (query tiles, Hq, B); tiles run heaviest (last) first.
+// The forward on wgmma (sm_90a). Grid (query tiles, Hq, B); tiles run heaviest (last) first. The
+// block's 4 warps are one warpgroup: S = Q Kᵀ reads both operands from shared memory (K-major),
+// O += P V takes P from the registers the online softmax leaves it in and V from shared memory
+// (MN-major). The tiles are swizzled panels (kSwizzledTile) at 1024-byte aligned offsets, keys
+// and values double-buffered by cp.async.
 template <int kPadded, class Rule>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, const Rule rule) {
-  constexpr int S = kRowStride<kPadded>;
-  constexpr int kChunks = kPadded / 16;  // k steps over the head width
-  constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
-  constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S]; the output staging at the end
-  uint16_t* ks = qs + kTile * S;                          // 2 stages of [64, S]
-  uint16_t* vs = ks + 2 * kTile * S;                      // 2 stages of [64, S]
-
-  const Dims& d = a.dims;
-  const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
-  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
-  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
-  const int wrow = warp * kWarpRows;  // the warp's first row in the tile
-  const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
-  const int64_t q_off = (b * T * d.Hq + h) * Dh;  // query row p at q_off + p * q_stride
-  const uint16_t* kb = a.k + (b * T * d.Hkv + g) * Dh;
-  const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
-  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
-
-  load_tile<kTile, kPadded>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
-  cp_async_commit();
-  load_tile<kTile, kPadded>(ks, kb, 0, T, kv_stride, Dh, vec);
-  load_tile<kTile, kPadded>(vs, vb, 0, T, kv_stride, Dh, vec);
-  cp_async_commit();
-
-  uint32_t qf[kChunks][4];
-  float o[kDTiles][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-
-  const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int stage = kt & 1;
-    next_key_stage<kPadded>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
-    if (kt == 0) {
-#pragma unroll
-      for (int kc = 0; kc < kChunks; ++kc) load_a<kPadded>(qf[kc], qs, wrow, kc * 16);
-    }
-    const uint16_t* kst = ks + stage * kTile * S;
-    const uint16_t* vst = vs + stage * kTile * S;
-
-    float s[kKeyTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) mma_by_rows<kPadded>(s, qf[kc], kst, kc * 16);
-
-    online_softmax_tile<kPadded>(rule, s, m, l, o, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
-
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      uint32_t pa[4];
-      pack_a(pa, s, kk);
-      mma_by_cols<kPadded>(o, pa, vst, kk * 16);
-    }
-    __syncthreads();  // this stage is refilled by the next iteration's prefetch
-  }
-
-  // The last stage still holds the diagonal key tile: rows p0.. of k and v, the Self rows.
-  const uint16_t* k_diag = ks + ((n_kt - 1) & 1) * kTile * S;
-  const uint16_t* v_diag = vs + ((n_kt - 1) & 1) * kTile * S;
-  float hist[2], self[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float l_row = quad_sum(l[half]);
-    float self_dot = 0.0f;
-    if constexpr (Rule::kSelf) self_dot = quad_row_dot<kPadded>(qs, k_diag, wrow + grp + 8 * half);
-    RowWeights w{0.0f, 0.0f};
-    if (row[half] < T)
-      w = rule.finish_row((b * d.Hq + h) * T + row[half], row[half], m[half], l_row, self_dot,
-                          tig == 0);
-    hist[half] = w.hist;
-    self[half] = w.self;
-  }
-  __syncwarp();  // the warp's rows of qs are read (above) before they are staged over
-  stage_rows<kPadded>(qs, wrow, o, hist, Rule::kSelf ? v_diag : nullptr, self);
-  __syncwarp();
-  store_rows<kPadded>(a.y + q_off, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
-}
-
-// The forward on wgmma (sm_90a; opt-in, flash_wgmma in launch_forward): the block's 4 warps are
-// one warpgroup and the grid, the tile loop and the online softmax are forward_kernel's, but
-// S = Q Kᵀ reads both operands from shared memory (K-major) and O += P V takes P from the
-// registers the softmax leaves it in and V from shared memory (MN-major), so no operand passes
-// through ldmatrix. The tiles are swizzled panels (kSwizzledTile) at 1024-byte aligned offsets.
-template <int kPadded, class Rule>
-__global__ void __launch_bounds__(kThreads) forward_wgmma_kernel(const ForwardIo a, const Rule rule) {
   constexpr int kChunks = kPadded / 16;  // k steps over the head width
   constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
   constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
@@ -743,20 +626,13 @@ __device__ __forceinline__ void finish_key_rows(const BackwardIo& a, const Rule&
 // are summed in a fixed order:
 //   (P_pj, dS_pj) = rule.grad(q_p·k_j, norm_p, dy_p·v_j, D_p),
 //   dv_j = Σ_p P_pj dy_p,  dk_j = scale · Σ_p dS_pj q_p (plus the Self row terms).
-// kAtomicDq (kDkdvQueryTile == 64 only): each iteration also adds its query tile's dQ share,
-// dS · K over this key tile, into a.dq_accum (dq_finish_kernel rounds the sums): the warps
-// write the share into a shared fp32 tile laid out as the sums are, and one thread adds the
-// whole tile into global memory by one bulk reduction, which runs while the next iteration
-// computes.
-template <int kPadded, class Rule, bool kAtomicDq>
-__global__ void __launch_bounds__(kThreads)
-    dkdv_kernel(const BackwardIo a, const Rule rule) {
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, const Rule rule) {
+  static_assert(kPadded > kWgmmaBackwardWidth, "narrower heads take dkdv_wgmma_kernel");
   constexpr int S = kRowStride<kPadded>;
-  constexpr int kChunks = kPadded / 16;
   constexpr int kDTiles = kPadded / 8;
-  constexpr int kBr = kDkdvQueryTile<kPadded>;
+  constexpr int kBr = kDkdvQueryTile;
   constexpr int kQueryTiles = kBr / 8;  // n-tiles of S^T
-  constexpr bool kHold = kDkdvHold<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] key tile; dk staging at the end
   uint16_t* vs = ks + kTile * S;                          // [64, S] value tile; dv staging
@@ -764,12 +640,6 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* dys = qs + 2 * kBr * S;                       //   query and dy tiles
   float* norm_s = reinterpret_cast<float*>(dys + 2 * kBr * S);  // 2 stages of [kBr], base 2
   float* delta_s = norm_s + 2 * kBr;                            // 2 stages of [kBr]
-  // kAtomicDq: dS^T of the iteration, bf16 [64 keys, kBr + 8] (rows 16-byte aligned), and the
-  // iteration's dQ share, fp32 [64 queries, kPadded] as in dq_accum (dq_sum_col).
-  constexpr int SQ = kBr + 8;
-  uint16_t* dss = reinterpret_cast<uint16_t*>(delta_s + 2 * kBr);
-  float* dqs = reinterpret_cast<float*>(dss + kTile * SQ);
-  static_assert(!kAtomicDq || kBr == kTile, "the one-pass dQ takes 64-row query tiles, one per warp's 16 rows");
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -777,7 +647,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t T = d.T, group = d.Hq / d.Hkv;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t g = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int warp = threadIdx.x / 32, grp = threadIdx.x % 32 / 4;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
   const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
@@ -814,7 +684,6 @@ __global__ void __launch_bounds__(kThreads)
     delta_s[threadIdx.x] = delta_of(0);
   }
 
-  uint32_t kf[kHold ? kChunks : 1][4], vf[kHold ? kChunks : 1][4];
   float dk[kDTiles][4], dv[kDTiles][4];
 #pragma unroll
   for (int dt = 0; dt < kDTiles; ++dt)
@@ -838,18 +707,9 @@ __global__ void __launch_bounds__(kThreads)
     const uint16_t* dyst = dys + stage * kBr * S;
     const float* norm_t = norm_s + stage * kBr;
     const float* delta_t = delta_s + stage * kBr;
-    if constexpr (kHold) {
-      if (it == 0) {
-#pragma unroll
-        for (int kc = 0; kc < kChunks; ++kc) {
-          load_a<kPadded>(kf[kc], ks, warp * kWarpRows, kc * 16);
-          load_a<kPadded>(vf[kc], vs, warp * kWarpRows, kc * 16);
-        }
-      }
-    }
 
     float st[kQueryTiles][4], dpt[kQueryTiles][4];
-    two_products<kPadded, kHold>(st, kf, ks, qst, dpt, vf, vs, dyst, warp * kWarpRows);
+    two_products<kPadded>(st, ks, qst, dpt, vs, dyst, warp * kWarpRows);
 
     const int64_t p0 = tile_of(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
@@ -861,66 +721,18 @@ __global__ void __launch_bounds__(kThreads)
       pack_a(dsa, dpt, kk);
       mma_by_cols<kPadded>(dv, pa, dyst, dk, dsa, qst, kk * 16);
     }
-    if constexpr (kAtomicDq) {
-      // Each warp stages its 16 key rows of dS^T (rounded to bf16, as the dK product uses them),
-      // then takes 16 query rows of dS (transposed ldmatrix) against the whole key tile.
-#pragma unroll
-      for (int nt = 0; nt < kQueryTiles; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
-          *reinterpret_cast<uint32_t*>(dss + kr * SQ + qc) = pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
-        }
-      if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
-      __syncthreads();
-      // A fragments: rows = queries warp·16.., k = keys 16 kk..: the transpose of dss's blocks.
-      uint32_t dsq[kTile / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk)
-        ldmatrix_x4_trans(dsq[kk], dss + (kk * 16 + lane % 8 + (lane / 16) * 8) * SQ + warp * kWarpRows +
-                                       ((lane / 8) % 2) * 8);
-#pragma unroll
-      for (int dp = 0; dp < kPadded / 16; ++dp) {
-        float dq[2][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < kTile / 16; ++kk) {
-          uint32_t kb[4];
-          load_b_of_cols<kPadded>(kb, ks, kk * 16, dp * 16);
-          mma_bf16(dq[0], dsq[kk], kb[0], kb[1]);
-          mma_bf16(dq[1], dsq[kk], kb[2], kb[3]);
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = warp * kWarpRows + grp + 8 * half, c = dp * 16 + n * 8 + 2 * tig;
-            *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
-                make_float2(dq[n][2 * half], dq[n][2 * half + 1]);
-          }
-      }
-      fence_proxy_async_shared();  // the shares are read by the bulk reduction below
-    }
     if (threadIdx.x < kBr) {
       norm_s[(stage ^ 1) * kBr + threadIdx.x] = norm_next;
       delta_s[(stage ^ 1) * kBr + threadIdx.x] = delta_next;
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
-    if constexpr (kAtomicDq) {
-      if (threadIdx.x == 0) {
-        bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
-                            sizeof(float) * kTile * kPadded);
-      }
-    }
-  }
-  if constexpr (kAtomicDq) {
-    if (threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
   }
 
   finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key);
 }
 
-// dK, dV and (kAtomicDq) the one-pass dQ on wgmma (opt-in: flash_wgmma; head widths up to 96).
-// dkdv_kernel's grid, loop and rule step, with every product a warpgroup product over swizzled
+// dK, dV and (kAtomicDq) the one-pass dQ on wgmma (head widths up to kWgmmaBackwardWidth).
+// dkdv_kernel's grid, loop and rule step, with 64-row query tiles and every product a warpgroup product over swizzled
 // tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory (K-major); dV += P^T dO
 // and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major; the dQ share dS K with dS^T
 // staged in a swizzled tile (A MN-major) and K MN-major, then through the shared fp32 tile and
@@ -1149,11 +961,10 @@ __device__ __forceinline__ void finish_query_rows(const BackwardIo& a, const Rul
 // dq_p = scale · Σ_j dS_pj k_j (plus the Self row term).
 template <int kPadded, class Rule>
 __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const Rule rule) {
+  static_assert(kPadded > kWgmmaBackwardWidth, "narrower heads take dq_wgmma_kernel");
   constexpr int S = kRowStride<kPadded>;
-  constexpr int kChunks = kPadded / 16;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kKeyTiles = kTile / 8;
-  constexpr bool kHold = kDqHold<kPadded>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64, S] query tile; dq staging
   uint16_t* dys = qs + kTile * S;                         // [64, S] dy tile
@@ -1190,7 +1001,6 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
     delta[half] = valid ? a.delta[r] : 0.0f;
   }
 
-  uint32_t qf[kHold ? kChunks : 1][4], dyf[kHold ? kChunks : 1][4];
   float dq[kDTiles][4];
 #pragma unroll
   for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
@@ -1199,20 +1009,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
     next_key_stage<kPadded>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
-    if constexpr (kHold) {
-      if (kt == 0) {
-#pragma unroll
-        for (int kc = 0; kc < kChunks; ++kc) {
-          load_a<kPadded>(qf[kc], qs, wrow, kc * 16);
-          load_a<kPadded>(dyf[kc], dys, wrow, kc * 16);
-        }
-      }
-    }
     const uint16_t* kst = ks + stage * kTile * S;
     const uint16_t* vst = vs + stage * kTile * S;
 
     float s[kKeyTiles][4], dp[kKeyTiles][4];
-    two_products<kPadded, kHold>(s, qf, qs, kst, dp, dyf, dys, vst, wrow);
+    two_products<kPadded>(s, qs, kst, dp, dys, vst, wrow);
 
     query_tile_grads(rule, s, dp, norm2, delta, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
 
@@ -1228,7 +1029,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   finish_query_rows<kPadded, false>(a, rule, dq, qs, p0, row);
 }
 
-// dQ on wgmma (opt-in: flash_wgmma; head widths up to 96): dq_kernel's grid, loop and rule step,
+// dQ on wgmma (head widths up to kWgmmaBackwardWidth): dq_kernel's grid, loop and rule step,
 // with S = Q K^T and dP = dO V^T from swizzled shared tiles (K-major) and dQ += dS K with dS from
 // registers and K MN-major.
 template <int kPadded, class Rule>
@@ -1343,21 +1144,11 @@ __global__ void __launch_bounds__(256) dq_finish_kernel(const BackwardIo a, cons
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
-// Dynamic shared memory of the kernels, in bytes.
+// Dynamic shared memory of the kernels, in bytes. The forward: five swizzled tiles and the slack
+// to align them to 1024 bytes.
 template <int kPadded>
 constexpr size_t forward_smem() {
-  return sizeof(uint16_t) * 5 * kTile * kRowStride<kPadded>;
-}
-// Five swizzled tiles and the slack to align them to 1024 bytes.
-template <int kPadded>
-constexpr size_t forward_wgmma_smem() {
   return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 1024;
-}
-template <int kPadded, bool kAtomicDq = false>
-constexpr size_t dkdv_smem() {
-  constexpr int kBr = kDkdvQueryTile<kPadded>;
-  return sizeof(uint16_t) * (2 * kTile + 4 * kBr) * kRowStride<kPadded> + sizeof(float) * 4 * kBr +
-         (kAtomicDq ? sizeof(uint16_t) * kTile * (kBr + 8) + sizeof(float) * kTile * kPadded : 0);
 }
 // Six swizzled tiles, with kAtomicDq the dS^T tile and the fp32 share, the row terms and the
 // alignment slack; the wgmma dQ pass: six swizzled tiles and the slack.
@@ -1369,6 +1160,10 @@ constexpr size_t dkdv_wgmma_smem() {
 template <int kPadded>
 constexpr size_t dq_wgmma_smem() {
   return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + 1024;
+}
+template <int kPadded>
+constexpr size_t dkdv_smem() {
+  return sizeof(uint16_t) * (2 * kTile + 4 * kDkdvQueryTile) * kRowStride<kPadded> + sizeof(float) * 4 * kDkdvQueryTile;
 }
 template <int kPadded>
 constexpr size_t dq_smem() {
@@ -1391,73 +1186,56 @@ void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) 
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
-  if (flash_wgmma()) {
-    auto kernel = forward_wgmma_kernel<kPadded, Rule>;
-    constexpr size_t smem = forward_wgmma_smem<kPadded>();
-    allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(io, rule);
-  } else {
-    auto kernel = forward_kernel<kPadded, Rule>;
-    constexpr size_t smem = forward_smem<kPadded>();
-    allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(io, rule);
-  }
+  auto kernel = forward_kernel<kPadded, Rule>;
+  constexpr size_t smem = forward_smem<kPadded>();
+  allow_smem(kernel, smem);
+  kernel<<<grid, kThreads, smem, stream>>>(io, rule);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
-// The backward's two tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ. io.delta
-// holds D before they run (computed by the caller's row pass). With io.dq_accum (and query
-// tiles of 64 rows: head widths up to 96) one pass: dK/dV with the dQ shares, then their rounding.
+// The backward's tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ (grid (query
+// tiles, Hq, B)); on wgmma up to kWgmmaBackwardWidth, on mma.sync above. io.delta holds D before
+// they run (computed by the caller's row pass). With io.dq_accum (wgmma widths only) one pass:
+// dK/dV with the dQ shares, then their rounding.
 template <int kPadded, class Rule>
 void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 key_grid(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B));
-  if constexpr (kDkdvQueryTile<kPadded> == kTile) {
+  const dim3 query_grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
+  if constexpr (kPadded <= kWgmmaBackwardWidth) {
     if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
-      if (flash_wgmma()) {
-        auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true>;
-        constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
-        allow_smem(dkdv, bytes);
-        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
-      } else {
-        auto dkdv = dkdv_kernel<kPadded, Rule, true>;
-        constexpr size_t bytes = dkdv_smem<kPadded, true>();
-        allow_smem(dkdv, bytes);
-        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
-      }
+      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true>;
+      constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
+      allow_smem(dkdv, bytes);
+      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
       dq_finish_kernel<kPadded, Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
       return;
     }
+    auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, false>;
+    auto dq = dq_wgmma_kernel<kPadded, Rule>;
+    constexpr size_t dkdv_bytes = dkdv_wgmma_smem<kPadded, false>(), dq_bytes = dq_wgmma_smem<kPadded>();
+    allow_smem(dkdv, dkdv_bytes);
+    allow_smem(dq, dq_bytes);
+    dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+  } else {
+    auto dkdv = dkdv_kernel<kPadded, Rule>;
+    auto dq = dq_kernel<kPadded, Rule>;
+    constexpr size_t dkdv_bytes = dkdv_smem<kPadded>(), dq_bytes = dq_smem<kPadded>();
+    allow_smem(dkdv, dkdv_bytes);
+    allow_smem(dq, dq_bytes);
+    dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
   }
-  const dim3 query_grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
-  if constexpr (kPadded <= 96) {
-    if (flash_wgmma()) {
-      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, false>;
-      auto dq = dq_wgmma_kernel<kPadded, Rule>;
-      constexpr size_t dkdv_bytes = dkdv_wgmma_smem<kPadded, false>(), dq_bytes = dq_wgmma_smem<kPadded>();
-      allow_smem(dkdv, dkdv_bytes);
-      allow_smem(dq, dq_bytes);
-      dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
-      QV_CUDA_CHECK(cudaGetLastError());
-      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
-      QV_CUDA_CHECK(cudaGetLastError());
-      return;
-    }
-  }
-  auto dkdv = dkdv_kernel<kPadded, Rule, false>;
-  auto dq = dq_kernel<kPadded, Rule>;
-  constexpr size_t dkdv_bytes = dkdv_smem<kPadded>(), dq_bytes = dq_smem<kPadded>();
-  allow_smem(dkdv, dkdv_bytes);
-  allow_smem(dq, dq_bytes);
-  dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
-  QV_CUDA_CHECK(cudaGetLastError());
-  dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
-  QV_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace quiver::cuda::detail::flash
