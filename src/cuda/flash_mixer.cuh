@@ -372,16 +372,16 @@ __device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t
   }
 }
 
-// The dot of row r of two shared tiles, split over the 4 lanes of a quad (all 32 lanes of the
-// warp call it; the quad's lanes get the same sum).
-template <int kPadded, bool kSwizzled = false>
+// The dot of row r of two swizzled shared tiles, split over the 4 lanes of a quad (all 32 lanes
+// of the warp call it; the quad's lanes get the same sum).
+template <int kPadded>
 __device__ __forceinline__ float quad_row_dot(const uint16_t* a, const uint16_t* b, int r) {
   const int tig = threadIdx.x % 4;
   float sum = 0.0f;
 #pragma unroll
   for (int c = 2 * tig; c < kPadded; c += 8) {
-    const uint32_t x = *reinterpret_cast<const uint32_t*>(a + tile_offset<kPadded, kSwizzled>(r, c));
-    const uint32_t y = *reinterpret_cast<const uint32_t*>(b + tile_offset<kPadded, kSwizzled>(r, c));
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(a + tile_offset<kPadded, true>(r, c));
+    const uint32_t y = *reinterpret_cast<const uint32_t*>(b + tile_offset<kPadded, true>(r, c));
     sum = fmaf(bf16_lo(x), bf16_lo(y), sum);
     sum = fmaf(bf16_hi(x), bf16_hi(y), sum);
   }
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, co
   for (int half = 0; half < 2; ++half) {
     const float l_row = quad_sum(l[half]);
     float self_dot = 0.0f;
-    if constexpr (Rule::kSelf) self_dot = quad_row_dot<kPadded, true>(qs, k_diag, wrow + grp + 8 * half);
+    if constexpr (Rule::kSelf) self_dot = quad_row_dot<kPadded>(qs, k_diag, wrow + grp + 8 * half);
     RowWeights w{0.0f, 0.0f};
     if (row[half] < T)
       w = rule.finish_row((b * d.Hq + h) * T + row[half], row[half], m[half], l_row, self_dot,
@@ -731,6 +731,29 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
   finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key);
 }
 
+// The wgmma backward's two score products over the head width, from zero, waited for: acc =
+// A · B^T and acc2 = A2 · B2^T for the swizzled 64-row tiles a, b, a2, b2 (all K-major).
+template <int kPadded>
+__device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], const uint16_t* a, const uint16_t* b,
+                                                   float (&acc2)[kTile / 8][4], const uint16_t* a2,
+                                                   const uint16_t* b2) {
+  using Panels = wgmma::Panels<kPadded>;
+#pragma unroll
+  for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = acc2[nt][e] = 0.0f;
+  auto& flat = reinterpret_cast<float(&)[kTile / 2]>(acc);
+  auto& flat2 = reinterpret_cast<float(&)[kTile / 2]>(acc2);
+  wgmma::fence();
+#pragma unroll
+  for (int kc = 0; kc < kPadded / 16; ++kc) {
+    wgmma::mma<kTile, 0, 0>(flat, Panels::k_major(a, kc * 16), Panels::k_major(b, kc * 16), kc > 0);
+    wgmma::mma<kTile, 0, 0>(flat2, Panels::k_major(a2, kc * 16), Panels::k_major(b2, kc * 16), kc > 0);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+}
+
 // dK, dV and (kAtomicDq) the one-pass dQ on wgmma (head widths up to kWgmmaBackwardWidth).
 // dkdv_kernel's grid, loop and rule step, with 64-row query tiles and every product a warpgroup product over swizzled
 // tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory (K-major); dV += P^T dO
@@ -740,7 +763,6 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
 template <int kPadded, class Rule, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
   static_assert(kPadded <= 96, "the wgmma backward takes head widths up to 96");
-  constexpr int kChunks = kPadded / 16;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
   constexpr int kT = kSwizzledTile<kPadded>;
@@ -825,20 +847,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
     const float* delta_t = delta_s + stage * kTile;
 
     float st[kQueryTiles][4], dpt[kQueryTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kQueryTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-    auto& st_flat = reinterpret_cast<float(&)[kTile / 2]>(st);
-    auto& dpt_flat = reinterpret_cast<float(&)[kTile / 2]>(dpt);
-    wgmma::fence();
-#pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) {
-      wgmma::mma<kTile, 0, 0>(st_flat, Panels::k_major(ks, kc * 16), Panels::k_major(qst, kc * 16), kc > 0);
-      wgmma::mma<kTile, 0, 0>(dpt_flat, Panels::k_major(vs, kc * 16), Panels::k_major(dyst, kc * 16), kc > 0);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
+    two_products_wgmma<kPadded>(st, ks, qst, dpt, vs, dyst);
 
     const int64_t p0 = tile_of(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
@@ -1034,7 +1043,6 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
 // registers and K MN-major.
 template <int kPadded, class Rule>
 __global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, const Rule rule) {
-  constexpr int kChunks = kPadded / 16;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kKeyTiles = kTile / 8;
   constexpr int kT = kSwizzledTile<kPadded>;
@@ -1088,20 +1096,7 @@ __global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, 
     const uint16_t* vst = vs + stage * kT;
 
     float s[kKeyTiles][4], dp[kKeyTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-    auto& s_flat = reinterpret_cast<float(&)[kTile / 2]>(s);
-    auto& dp_flat = reinterpret_cast<float(&)[kTile / 2]>(dp);
-    wgmma::fence();
-#pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) {
-      wgmma::mma<kTile, 0, 0>(s_flat, Panels::k_major(qs, kc * 16), Panels::k_major(kst, kc * 16), kc > 0);
-      wgmma::mma<kTile, 0, 0>(dp_flat, Panels::k_major(dys, kc * 16), Panels::k_major(vst, kc * 16), kc > 0);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
+    two_products_wgmma<kPadded>(s, qs, kst, dp, dys, vst);
 
     query_tile_grads(rule, s, dp, norm2, delta, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row, T);
 
