@@ -2,21 +2,22 @@
 // (relation.cu): tile movement, mma fragments, and the forward, dK/dV and dQ kernels, all
 // parametrized by a score rule. Included only by those two .cu files.
 //
-// Tensor-core layout (forward, dK/dV, dQ): a block of 4 warps; tiles of bf16 rows live in shared
-// memory with a row stride of kPadded + 8 elements (an odd number of 16-byte units, so the 8 rows
-// of one ldmatrix fall in different banks) and are filled by cp.async, two stages deep for the
-// tiles the block loops over. Each warp owns 16 rows of the product it accumulates and issues
-// mma.sync m16n8k16 (bf16 operands, fp32 accumulators):
-//   forward  warp = 16 query rows:  S = Q K^T (Q held as A fragments), P = online softmax of the
-//            rule's logits in registers, O += P V (P, rounded to bf16, is the A fragment).
-//   dK/dV    warp = 16 key rows:    S^T = K Q^T, dP^T = V dO^T, dS^T from the rule,
+// Tensor-core layout (forward, dK/dV, dQ): a block of 4 warps, one warpgroup, over 64-row tiles
+// of bf16 rows in shared memory, filled by cp.async, two stages deep for the tiles the block loops
+// over. Each warp owns 16 rows of the product it accumulates (fp32, mma.sync's fragment layout).
+// The products are warpgroup products (wgmma.cuh), the tiles swizzled panels (kSwizzledTile):
+//   forward  16 query rows a warp:  S = Q K^T (both from shared memory), P = online softmax of
+//            the rule's logits in registers, O += P V (P, rounded to bf16, from registers).
+//   dK/dV    16 key rows a warp:    S^T = K Q^T, dP^T = V dO^T, dS^T from the rule,
 //            dV += P^T dO, dK += dS^T Q.
-//   dQ       warp = 16 query rows:  S = Q K^T, dP = dO V^T, dS from the rule, dQ += dS K.
-// Fragment conventions of m16n8k16 (lane = 4 * grp + tig): accumulator c0, c1 at (row grp,
-// cols 2 tig, 2 tig + 1), c2, c3 at row grp + 8; A = 4 registers (rows grp / grp + 8, k 2 tig
-// and 2 tig + 8); B = 2 registers (k 2 tig and 2 tig + 8, col grp). A row-major tile gives A
-// fragments by ldmatrix, B fragments of its transpose by ldmatrix, and B fragments of itself by
-// ldmatrix.trans.
+//   dQ       16 query rows a warp:  S = Q K^T, dP = dO V^T, dS from the rule, dQ += dS K.
+// Above kWgmmaBackwardWidth the dK/dV and dQ kernels are mma.sync m16n8k16 ones instead (their
+// tiles rows of kPadded + 8 elements, an odd number of 16-byte units, so the 8 rows of one
+// ldmatrix fall in different banks). Fragment conventions of m16n8k16 (lane = 4 * grp + tig):
+// accumulator c0, c1 at (row grp, cols 2 tig, 2 tig + 1), c2, c3 at row grp + 8; A = 4 registers
+// (rows grp / grp + 8, k 2 tig and 2 tig + 8); B = 2 registers (k 2 tig and 2 tig + 8, col grp).
+// A row-major tile gives A fragments by ldmatrix, B fragments of its transpose by ldmatrix, and B
+// fragments of itself by ldmatrix.trans.
 //
 // The score rule (a small device struct passed by value to the kernels) supplies, with
 // r = (b · Hq + h) · T + p the index of query row p of head h in [B, Hq, T] order:
@@ -754,12 +755,14 @@ __device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], c
   wgmma::wait<0>();
 }
 
-// dK, dV and (kAtomicDq) the one-pass dQ on wgmma (head widths up to kWgmmaBackwardWidth).
-// dkdv_kernel's grid, loop and rule step, with 64-row query tiles and every product a warpgroup product over swizzled
-// tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory (K-major); dV += P^T dO
-// and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major; the dQ share dS K with dS^T
-// staged in a swizzled tile (A MN-major) and K MN-major, then through the shared fp32 tile and
-// one bulk reduction as in dkdv_kernel.
+// dK, dV and (kAtomicDq) the one-pass dQ on wgmma (head widths up to kWgmmaBackwardWidth):
+// dkdv_kernel's grid, loop and rule step with 64-row query tiles, every product a warpgroup
+// product over swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory
+// (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major.
+// kAtomicDq: each iteration also forms its query tile's dQ share dS K over this key tile (dS^T
+// staged in a swizzled tile, A MN-major, and K MN-major), writes it into a shared fp32 tile laid
+// out as the sums a.dq_accum are, and one thread adds the whole tile into them by one bulk
+// reduction, which runs while the next iteration computes (dq_finish_kernel rounds the sums).
 template <int kPadded, class Rule, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
   static_assert(kPadded <= 96, "the wgmma backward takes head widths up to 96");
