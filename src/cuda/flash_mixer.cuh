@@ -622,6 +622,30 @@ __device__ __forceinline__ void finish_key_rows(const BackwardIo& a, const Rule&
   store_rows<kPadded, kSwizzled>(a.dv + kv_off, row0, T, kv_stride, Dh, vec, vs, warp * kWarpRows);
 }
 
+// The dK/dV passes' loop for the key tile at j0 of KV head g in batch b (the block's): over the
+// group's query heads and the query tiles of kRows rows at or after the key tile (causal, so the
+// query rows before j0 see none of its keys). Iteration `it` covers query head head(it) and the
+// query tile starting at tile(it).
+template <int kRows>
+struct KeyTileLoop {
+  int64_t T, Hq, group, g, b, j0, nq, total;
+  __device__ __forceinline__ explicit KeyTileLoop(const Dims& d)
+      : T(d.T), Hq(d.Hq), group(d.Hq / d.Hkv), g(blockIdx.y), b(blockIdx.z),
+        j0(static_cast<int64_t>(blockIdx.x) * kTile), nq((d.T - j0 + kRows - 1) / kRows), total(group * nq) {}
+  __device__ __forceinline__ int64_t head(int64_t it) const { return g * group + it / nq; }
+  __device__ __forceinline__ int64_t tile(int64_t it) const { return j0 + (it % nq) * kRows; }
+  // The normalizer and D of query row tile(it) + threadIdx.x: past T +inf (so P = 0 there) and 0.
+  template <class Rule>
+  __device__ __forceinline__ float norm(const Rule& rule, int64_t it) const {
+    const int64_t p = tile(it) + threadIdx.x;
+    return p < T ? rule.row_norm2((b * Hq + head(it)) * T + p) : INFINITY;
+  }
+  __device__ __forceinline__ float delta(const float* rows, int64_t it) const {
+    const int64_t p = tile(it) + threadIdx.x;
+    return p < T ? rows[(b * Hq + head(it)) * T + p] : 0.0f;
+  }
+};
+
 // dK, dV. Grid (key tiles, Hkv, B); the lowest key tiles (the most query tiles) run first.
 // Loops over the group's query heads and the query tiles at or after the key tile, so dk and dv
 // are summed in a fixed order:
@@ -645,34 +669,16 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
   const bool vec = Dh % 8 == 0;
-  const int64_t T = d.T, group = d.Hq / d.Hkv;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t g = blockIdx.y, b = blockIdx.z;
+  const KeyTileLoop<kBr> loop(d);
+  const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
   const int warp = threadIdx.x / 32, grp = threadIdx.x % 32 / 4;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
   const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
-
-  // Iteration `it` covers query head g·group + it / nq and query tile j0 + (it % nq)·kBr:
-  // causal, so the query rows before j0 see none of this tile's keys.
-  const int64_t nq = (T - j0 + kBr - 1) / kBr;
-  const int64_t total = group * nq;
-  auto head_of = [&](int64_t it) { return g * group + it / nq; };
-  auto tile_of = [&](int64_t it) { return j0 + (it % nq) * kBr; };
   auto issue = [&](int64_t it, int stage) {
-    const int64_t q_off = (b * T * d.Hq + head_of(it)) * Dh, p0 = tile_of(it);
+    const int64_t q_off = (b * T * d.Hq + loop.head(it)) * Dh, p0 = loop.tile(it);
     load_tile<kBr, kPadded>(qs + stage * kBr * S, a.q + q_off, p0, T, q_stride, Dh, vec);
     load_tile<kBr, kPadded>(dys + stage * kBr * S, a.dy + q_off, p0, T, q_stride, Dh, vec);
-  };
-  // The normalizer and D of query row tile_of(it) + threadIdx.x; past T +inf (so P = 0 there)
-  // and 0.
-  auto norm_of = [&](int64_t it) {
-    const int64_t p = tile_of(it) + threadIdx.x;
-    return p < T ? rule.row_norm2((b * d.Hq + head_of(it)) * T + p) : INFINITY;
-  };
-  auto delta_of = [&](int64_t it) {
-    const int64_t p = tile_of(it) + threadIdx.x;
-    return p < T ? a.delta[(b * d.Hq + head_of(it)) * T + p] : 0.0f;
   };
 
   load_tile<kTile, kPadded>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
@@ -681,8 +687,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
   issue(0, 0);
   cp_async_commit();
   if (threadIdx.x < kBr) {
-    norm_s[threadIdx.x] = norm_of(0);
-    delta_s[threadIdx.x] = delta_of(0);
+    norm_s[threadIdx.x] = loop.norm(rule, 0);
+    delta_s[threadIdx.x] = loop.delta(a.delta, 0);
   }
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -697,8 +703,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
     if (it + 1 < total) {
       issue(it + 1, stage ^ 1);
       if (threadIdx.x < kBr) {
-        norm_next = norm_of(it + 1);
-        delta_next = delta_of(it + 1);
+        norm_next = loop.norm(rule, it + 1);
+        delta_next = loop.delta(a.delta, it + 1);
       }
     }
     cp_async_commit();
@@ -712,7 +718,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
     float st[kQueryTiles][4], dpt[kQueryTiles][4];
     two_products<kPadded>(st, ks, qst, dpt, vs, dyst, warp * kWarpRows);
 
-    const int64_t p0 = tile_of(it);
+    const int64_t p0 = loop.tile(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
 #pragma unroll
@@ -785,31 +791,16 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
   const bool vec = Dh % 8 == 0;
-  const int64_t T = d.T, group = d.Hq / d.Hkv;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int64_t g = blockIdx.y, b = blockIdx.z;
+  const KeyTileLoop<kTile> loop(d);
+  const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
   const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
-
-  // Iteration `it`: query head g·group + it / nq, query tile j0 + (it % nq)·64 (dkdv_kernel).
-  const int64_t nq = (T - j0 + kTile - 1) / kTile;
-  const int64_t total = group * nq;
-  auto head_of = [&](int64_t it) { return g * group + it / nq; };
-  auto tile_of = [&](int64_t it) { return j0 + (it % nq) * kTile; };
   auto issue = [&](int64_t it, int stage) {
-    const int64_t q_off = (b * T * d.Hq + head_of(it)) * Dh, p0 = tile_of(it);
+    const int64_t q_off = (b * T * d.Hq + loop.head(it)) * Dh, p0 = loop.tile(it);
     load_tile<kTile, kPadded, true>(qs + stage * kT, a.q + q_off, p0, T, q_stride, Dh, vec);
     load_tile<kTile, kPadded, true>(dys + stage * kT, a.dy + q_off, p0, T, q_stride, Dh, vec);
-  };
-  auto norm_of = [&](int64_t it) {
-    const int64_t p = tile_of(it) + threadIdx.x;
-    return p < T ? rule.row_norm2((b * d.Hq + head_of(it)) * T + p) : INFINITY;
-  };
-  auto delta_of = [&](int64_t it) {
-    const int64_t p = tile_of(it) + threadIdx.x;
-    return p < T ? a.delta[(b * d.Hq + head_of(it)) * T + p] : 0.0f;
   };
 
   load_tile<kTile, kPadded, true>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
@@ -818,8 +809,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
   issue(0, 0);
   cp_async_commit();
   if (threadIdx.x < kTile) {
-    norm_s[threadIdx.x] = norm_of(0);
-    delta_s[threadIdx.x] = delta_of(0);
+    norm_s[threadIdx.x] = loop.norm(rule, 0);
+    delta_s[threadIdx.x] = loop.delta(a.delta, 0);
   }
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -836,8 +827,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
     if (it + 1 < total) {
       issue(it + 1, stage ^ 1);
       if (threadIdx.x < kTile) {
-        norm_next = norm_of(it + 1);
-        delta_next = delta_of(it + 1);
+        norm_next = loop.norm(rule, it + 1);
+        delta_next = loop.delta(a.delta, it + 1);
       }
     }
     cp_async_commit();
@@ -852,7 +843,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
     float st[kQueryTiles][4], dpt[kQueryTiles][4];
     two_products_wgmma<kPadded>(st, ks, qst, dpt, vs, dyst);
 
-    const int64_t p0 = tile_of(it);
+    const int64_t p0 = loop.tile(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
     // P^T, dS^T as A fragments; dS^T also into dss (row = key, column = query) for the dQ share.
@@ -907,7 +898,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
     if (kAtomicDq && threadIdx.x == 0)
-      bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + head_of(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
+      bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + loop.head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
                           sizeof(float) * kTile * kPadded);
   }
   if (kAtomicDq && threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
