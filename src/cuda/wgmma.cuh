@@ -33,7 +33,7 @@ __device__ __forceinline__ uint32_t swizzle(uint32_t o) {
 
 // The descriptor of an operand in a panel of R-byte rows starting at `p` (a panel's base plus,
 // for a K-major operand, the k offset within the row, under R bytes). `lbo` and `sbo` in bytes:
-// the leading-dimension offset (K-major: unused; MN-major: between 64-column panels) and the
+// the leading-dimension offset (K-major: unused; MN-major: between panels) and the
 // stride-dimension offset (between 8-row groups: 8 R).
 template <int kRowBytes>
 __device__ __forceinline__ uint64_t descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
