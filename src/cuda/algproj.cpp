@@ -391,8 +391,10 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
 
 void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w,
                         const Tensor* x, const std::vector<int>& types, Tensor& out, bool accumulate,
-                        cudaStream_t stream) const {
+                        cudaStream_t stream, const Tensor* w2, Tensor* out2) const {
   const DevicePlan& d = plan(pass, kernel, types, stream);
+  QV_CHECK(w2 == nullptr || (kernel.kind == AlgKernel::Kind::Gemv && d.num_splits == 0 && out2 != nullptr),
+           "algproj: a paired call needs the few-row forward without split reductions");
   const int config = kernel.config;
   if (pass == ops::AlgPass::DW) {
     detail::AlgWeightArgs args{};
@@ -436,6 +438,10 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   args.segments = d.segments;
   args.num_tiles = d.num_tiles;
   args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
+  if (w2 != nullptr) {
+    args.w2 = static_cast<const uint16_t*>(w2->raw());
+    args.c2 = static_cast<uint16_t*>(out2->raw());
+  }
   if (kernel.kind == AlgKernel::Kind::Gemv)
     detail::launch_algproj_gemv(args, config, stream);
   else
@@ -567,37 +573,65 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   return best;
 }
 
-void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
-                      Tensor& y, cudaStream_t stream, bool accumulate) const {
-  check_inputs(x, w, K(), N(), row_types.size());
+// y = Φ_W(x) by kernel k, assigned or (add) added once.
+void AlgProj::forward_run(const AlgKernel& k, const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
+                          Tensor& y, bool add, cudaStream_t stream) const {
+  if (k.kind != AlgKernel::Kind::Products) {
+    run_fused(ops::AlgPass::Forward, k, x, w, nullptr, row_types, y, add, stream);
+    return;
+  }
   const int64_t M = x.dim(0);
-  check_tensor(y, {M, N()}, DType::BF16, "y");
-  if (M == 0) return;
-  const bool fused_ok = fused_supported() && aligned(x.raw(), fused_vec_) && aligned(w.raw(), fused_vec_) &&
-                        aligned(y.raw(), fused_vec_);
   const Pass p{true, static_cast<const uint16_t*>(x.raw()), K(), N(),
                static_cast<const uint16_t*>(w.raw()), &k_off_, &n_off_, N()};
-  // Calibration times assigning calls; an accumulating call adds once, after the choice.
-  auto run = [&](const AlgKernel& k, Tensor& target, bool add) {
-    if (k.kind != AlgKernel::Kind::Products) {
-      run_fused(ops::AlgPass::Forward, k, x, w, nullptr, row_types, target, add, stream);
-      return;
-    }
-    auto* out = static_cast<uint16_t*>(add ? ensure(scratch_.sum, M * N() * sizeof(uint16_t)) : target.raw());
-    std::vector<RowSet> sets = group_rows(row_types, law_.q(), access_);
-    run_pass(p, law_.q(), M, shared_, per_type_, sets, out, scratch_.acc, scratch_.part, scratch_.rows_a,
-             scratch_.indices, stream);
-    if (add) detail::launch_add_bf16(static_cast<uint16_t*>(target.raw()), out, M * N(), stream);
-  };
+  auto* out = static_cast<uint16_t*>(add ? ensure(scratch_.sum, M * N() * sizeof(uint16_t)) : y.raw());
+  std::vector<RowSet> sets = group_rows(row_types, law_.q(), access_);
+  run_pass(p, law_.q(), M, shared_, per_type_, sets, out, scratch_.acc, scratch_.part, scratch_.rows_a,
+           scratch_.indices, stream);
+  if (add) detail::launch_add_bf16(static_cast<uint16_t*>(y.raw()), out, M * N(), stream);
+}
+
+AlgKernel AlgProj::forward_choice(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y,
+                                  bool accumulate, cudaStream_t stream) const {
+  const int64_t M = x.dim(0);
+  const bool fused_ok = fused_supported() && aligned(x.raw(), fused_vec_) && aligned(w.raw(), fused_vec_) &&
+                        aligned(y.raw(), fused_vec_);
   // Calibration times assigning calls; an accumulated y keeps its contents (scratch instead).
   Tensor trial;
   auto time_one = [&](const AlgKernel& k) {
     if (accumulate && !trial.defined()) trial = Tensor::empty({M, N()}, DType::BF16, Device::CUDA);
-    run(k, accumulate ? trial : y, false);
+    forward_run(k, x, w, row_types, accumulate ? trial : y, false, stream);
   };
-  const AlgKernel k = choose(ops::AlgPass::Forward, row_types, fused_ok, stream, time_one);
-  run(k, y, accumulate);
+  return choose(ops::AlgPass::Forward, row_types, fused_ok, stream, time_one);
+}
+
+void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
+                      Tensor& y, cudaStream_t stream, bool accumulate) const {
+  check_inputs(x, w, K(), N(), row_types.size());
+  check_tensor(y, {x.dim(0), N()}, DType::BF16, "y");
+  if (x.dim(0) == 0) return;
+  // An accumulating call adds once, after the choice.
+  const AlgKernel k = forward_choice(x, w, row_types, y, accumulate, stream);
+  forward_run(k, x, w, row_types, y, accumulate, stream);
   last_[static_cast<int>(ops::AlgPass::Forward)] = k;
+}
+
+void AlgProj::forward_pair(const Tensor& x, const Tensor& w_a, const Tensor& w_b, const std::vector<int>& row_types,
+                           Tensor& y_a, Tensor& y_b, cudaStream_t stream) const {
+  check_inputs(x, w_b, K(), N(), row_types.size());
+  check_tensor(y_b, {x.dim(0), N()}, DType::BF16, "y_b");
+  const bool b_aligned = fused_supported() && aligned(w_b.raw(), fused_vec_) && aligned(y_b.raw(), fused_vec_);
+  check_inputs(x, w_a, K(), N(), row_types.size());
+  check_tensor(y_a, {x.dim(0), N()}, DType::BF16, "y_a");
+  if (x.dim(0) == 0) return;
+  const AlgKernel k = forward_choice(x, w_a, row_types, y_a, false, stream);
+  if (k.kind == AlgKernel::Kind::Gemv && b_aligned &&
+      plan(ops::AlgPass::Forward, k, row_types, stream).num_splits == 0) {
+    run_fused(ops::AlgPass::Forward, k, x, w_a, nullptr, row_types, y_a, false, stream, &w_b, &y_b);
+    last_[static_cast<int>(ops::AlgPass::Forward)] = k;
+    return;
+  }
+  forward_run(k, x, w_a, row_types, y_a, false, stream);
+  forward(x, w_b, row_types, y_b, stream);
 }
 
 void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,

@@ -101,6 +101,12 @@ class AlgProj {
   // kernels, two with the products schedule).
   void forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y,
                cudaStream_t stream = 0, bool accumulate = false) const;
+  // y_a = Φ_{W_a}(x) and y_b = Φ_{W_b}(x), both assigned, for two weight banks of this
+  // projection's widths (SwiGLU's gate and up): the same results as two forward calls, in one
+  // launch where the forward's kernel for these row types is the few-row one and its plan has no
+  // split reductions (decoding).
+  void forward_pair(const Tensor& x, const Tensor& w_a, const Tensor& w_b, const std::vector<int>& row_types,
+                    Tensor& y_a, Tensor& y_b, cudaStream_t stream = 0) const;
   // dx (assigned, bf16) and dw (assigned, or added to when accumulate_dw; fp32) of forward;
   // either may be null.
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -162,8 +168,16 @@ class AlgProj {
                          cudaStream_t stream) const;
   AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
                    const std::function<void(const AlgKernel&)>& run) const;
+  // `w2`, `out2` (the few-row forward without split reductions only): a second weight bank and
+  // output in the same launch (AlgRowArgs::w2).
   void run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w, const Tensor* x,
-                 const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream) const;
+                 const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream,
+                 const Tensor* w2 = nullptr, Tensor* out2 = nullptr) const;
+  // The forward's kernel for these row types, calibrated on y's first use of them (forward).
+  AlgKernel forward_choice(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y,
+                           bool accumulate, cudaStream_t stream) const;
+  void forward_run(const AlgKernel& k, const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
+                   Tensor& y, bool accumulate, cudaStream_t stream) const;
   int fused_vec_ = 0;  // copy granularity of the fused kernels (8, 2), 0 when unsupported
   Kernels pinned_;
   mutable std::vector<DevicePlan> plans_;  // most recent last

@@ -394,6 +394,7 @@ __global__ void __launch_bounds__(256) algproj_reduce_weights_kernel(const AlgWe
 // of the tile in fp32; warps then reduce by shuffles and the block through shared memory, in
 // a fixed order. A weight row is read once per tile, by kLanes threads in one 128- or 64-byte
 // run. With few column tiles the plan splits the reductions, and the pieces write fp32 slots.
+// blockIdx.y = 1 runs the tile against the second weight bank into the second output (p.w2, p.c2).
 constexpr int kGemvThreads = 256;
 
 template <int R, int COLS>
@@ -403,6 +404,8 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
   constexpr int kWarps = kGemvThreads / 32;
   __shared__ float partial[kWarps][R][COLS];
   const ops::AlgRowTile t = p.tiles[blockIdx.x];
+  const uint16_t* w = blockIdx.y == 0 ? p.w : p.w2;
+  uint16_t* out = blockIdx.y == 0 ? p.c : p.c2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c = (tid % kLanes) * 8, krow = tid / kLanes;
   const bool col_ok = c < t.ncols;
@@ -416,7 +419,7 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
     for (int k = krow; k < seg.len; k += kRowsPerPass) {
       const int kk = seg.k0 + k;
       uint4 wv = make_uint4(0, 0, 0, 0);
-      if (col_ok) wv = __ldg(reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(kk) * p.ldw + t.col0 + c));
+      if (col_ok) wv = __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(kk) * p.ldw + t.col0 + c));
       const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
       float wf[8];
 #pragma unroll
@@ -456,7 +459,7 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
       p.partials[static_cast<int64_t>(t.slot) * (R * COLS) + r * COLS + col] = v;
       continue;
     }
-    uint16_t* dst = p.c + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
+    uint16_t* dst = out + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
     if (p.accumulate) v += __bfloat162float(__ushort_as_bfloat16(*dst));
     *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
@@ -467,7 +470,8 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
   auto one = [&](auto index) {
     constexpr AlgGemvConfig cfg = kAlgGemvConfigs[decltype(index)::value];
     if (a.num_tiles == 0) return;
-    algproj_gemv_kernel<cfg.rows, cfg.cols><<<a.num_tiles, kGemvThreads, 0, stream>>>(a);
+    const dim3 grid(static_cast<unsigned>(a.num_tiles), a.w2 != nullptr ? 2u : 1u);
+    algproj_gemv_kernel<cfg.rows, cfg.cols><<<grid, kGemvThreads, 0, stream>>>(a);
     QV_CUDA_CHECK(cudaGetLastError());
   };
   ((config == I ? one(std::integral_constant<int, I>{}) : void()), ...);

@@ -59,6 +59,11 @@ struct AlgRowArgs {
   const ops::AlgSegment* segments;
   int num_tiles;
   float* partials;  // the plan's slots (tiles with slot >= 0 write there; see AlgReduceArgs)
+  // The few-row forward only, plans without split reductions: a second weight bank and output
+  // over the same plan and input (blockIdx.y = 1), so two projections of one input (SwiGLU's gate
+  // and up) are one launch. Null: one projection.
+  const uint16_t* w2 = nullptr;
+  uint16_t* c2 = nullptr;
 };
 
 // The second pass of a plan with split reductions: c[rows of a split, its columns] = Σ of its

@@ -602,9 +602,8 @@ void GpuModel::ffn_forward(const Layer& L, const std::vector<int>& types, const 
   const AlgProj* up = ffn_up_proj_.get();
   timer_.mark("ffn projections", s);
   if (cfg_.ffn.kind == "swiglu") {
-    if (up) {
-      ffn_project(h, L.ffn_gate, L.ffn_gate_b, up, types, f_gate, false, s);
-      ffn_project(h, L.ffn_up, L.ffn_up_b, up, types, f_up, false, s);
+    if (up) {  // one launch for both when decoding (AlgProj::forward_pair)
+      up->forward_pair(h, L.ffn_gate.half, L.ffn_up.half, types, f_gate, f_up, s);
     } else {
       const DeviceParam w[2] = {L.ffn_gate, L.ffn_up}, b[2] = {L.ffn_gate_b, L.ffn_up_b};
       Tensor* gate_up[2] = {&f_gate, &f_up};

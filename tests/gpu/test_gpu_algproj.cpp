@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -183,6 +185,12 @@ const Case kUnequal{"Q4", {8, 24, 5, 27}, {16, 3, 40, 13}};
 const Case kUnequalEven{"Q4", {10, 22, 6, 26}, {18, 4, 42, 8}};
 // Wider than one tile in every dimension, widths multiples of 8 (16-byte copies).
 const Case kWide{"Q4", {}, {}, 288, 544};
+
+// Whether two device tensors of one shape and dtype hold the same bytes.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = to_host(a), hb = to_host(b);
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
 
 using cuda::AlgKernel;
 AlgKernel fused(int config) { return {AlgKernel::Kind::Fused, config}; }
@@ -425,4 +433,48 @@ TEST(GpuAlgProj, FewRowKernelsForward) {
   Tensor w = Tensor::empty({narrow.K(), narrow.N()}, DType::BF16, Device::CUDA);
   Tensor y = Tensor::empty({1, narrow.N()}, DType::BF16, Device::CUDA);
   EXPECT_THROW(narrow.forward(x, w, {0}, y), Error);
+}
+
+TEST(GpuAlgProj, ForwardPairEqualsTwoForwards) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Two weight banks of one input (SwiGLU's gate and up) by forward_pair: bit for bit what two
+  // forward calls give, whether it is one few-row launch (the whole gemv configurations), or
+  // falls back to two calls (split few-row plans, the tile kernels, the products schedule).
+  const Case wide_q2x2{"Q2xQ2", {}, {}, 128, 256};
+  std::vector<cuda::AlgProj::Kernels> pins;
+  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::Forward))
+    if (k.kind == AlgKernel::Kind::Gemv) pins.push_back({k, std::nullopt, std::nullopt});
+  pins.push_back({fused(0), std::nullopt, std::nullopt});
+  pins.push_back({kProducts, std::nullopt, std::nullopt});
+  pins.push_back({});  // calibrated
+  for (const Case* cs : {&kWide, &wide_q2x2}) {
+    const algebra::Law law = algebra::Law::parse(cs->law);
+    const algebra::GroupWidths widths = widths_of(*cs, law.q());
+    for (const std::vector<int>& types : {std::vector<int>{2}, std::vector<int>{3, 1, 3},
+                                          make_types(Sched::Cyclic, 37, law.q(), 3)}) {
+      const int64_t M = static_cast<int64_t>(types.size()), K = widths.K(), N = widths.N();
+      Rng rng(300 + M);
+      const Tensor x = to_device(random_bf16_values(rng, {M, K}), DType::BF16);
+      const Tensor wa = to_device(random_bf16_values(rng, {K, N}), DType::BF16);
+      const Tensor wb = to_device(random_bf16_values(rng, {K, N}), DType::BF16);
+      for (size_t i = 0; i < pins.size(); ++i) {
+        SCOPED_TRACE("law " + cs->law + ", M " + std::to_string(M) + ", pin " + std::to_string(i));
+        cuda::AlgProj gpu(law, widths);
+        gpu.set_kernels(pins[i]);
+        Tensor ya = Tensor::empty({M, N}, DType::BF16, Device::CUDA), yb = ya.clone();
+        Tensor ra = ya.clone(), rb = ya.clone();
+        gpu.forward(x, wa, types, ra);
+        gpu.forward(x, wb, types, rb);
+        for (int rep = 0; rep < 2; ++rep) {  // the second call reuses the plan
+          poison(ya);
+          poison(yb);
+          gpu.forward_pair(x, wa, wb, types, ya, yb);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_TRUE(same_bits(ya, ra));
+          EXPECT_TRUE(same_bits(yb, rb));
+        }
+      }
+    }
+  }
 }
