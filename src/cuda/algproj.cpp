@@ -391,9 +391,10 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
 
 void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w,
                         const Tensor* x, const std::vector<int>& types, Tensor& out, bool accumulate,
-                        cudaStream_t stream, const Tensor* w2, Tensor* out2) const {
+                        cudaStream_t stream, const Tensor* w2, Tensor* out2, bool swiglu) const {
   const DevicePlan& d = plan(pass, kernel, types, stream);
-  QV_CHECK(w2 == nullptr || (kernel.kind == AlgKernel::Kind::Gemv && d.num_splits == 0 && out2 != nullptr),
+  QV_CHECK(w2 == nullptr || (kernel.kind == AlgKernel::Kind::Gemv && d.num_splits == 0 && !accumulate &&
+                             (out2 != nullptr) != swiglu),
            "algproj: a paired call needs the few-row forward without split reductions");
   const int config = kernel.config;
   if (pass == ops::AlgPass::DW) {
@@ -440,7 +441,8 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
   if (w2 != nullptr) {
     args.w2 = static_cast<const uint16_t*>(w2->raw());
-    args.c2 = static_cast<uint16_t*>(out2->raw());
+    args.c2 = out2 != nullptr ? static_cast<uint16_t*>(out2->raw()) : nullptr;
+    args.swiglu = swiglu;
   }
   if (kernel.kind == AlgKernel::Kind::Gemv)
     detail::launch_algproj_gemv(args, config, stream);
@@ -624,14 +626,40 @@ void AlgProj::forward_pair(const Tensor& x, const Tensor& w_a, const Tensor& w_b
   check_tensor(y_a, {x.dim(0), N()}, DType::BF16, "y_a");
   if (x.dim(0) == 0) return;
   const AlgKernel k = forward_choice(x, w_a, row_types, y_a, false, stream);
-  if (k.kind == AlgKernel::Kind::Gemv && b_aligned &&
-      plan(ops::AlgPass::Forward, k, row_types, stream).num_splits == 0) {
+  if (pairs_in_one_launch(k, row_types, b_aligned, stream)) {
     run_fused(ops::AlgPass::Forward, k, x, w_a, nullptr, row_types, y_a, false, stream, &w_b, &y_b);
     last_[static_cast<int>(ops::AlgPass::Forward)] = k;
     return;
   }
   forward_run(k, x, w_a, row_types, y_a, false, stream);
   forward(x, w_b, row_types, y_b, stream);
+}
+
+bool AlgProj::pairs_in_one_launch(const AlgKernel& k, const std::vector<int>& row_types, bool extra_aligned,
+                                  cudaStream_t stream) const {
+  return k.kind == AlgKernel::Kind::Gemv && extra_aligned &&
+         plan(ops::AlgPass::Forward, k, row_types, stream).num_splits == 0;
+}
+
+void AlgProj::forward_swiglu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                             const std::vector<int>& row_types, Tensor& gate, Tensor& up, Tensor& act,
+                             cudaStream_t stream) const {
+  check_inputs(x, w_up, K(), N(), row_types.size());
+  check_tensor(act, {x.dim(0), N()}, DType::BF16, "act");
+  check_tensor(up, {x.dim(0), N()}, DType::BF16, "up");
+  const bool up_aligned = fused_supported() && aligned(w_up.raw(), fused_vec_) && aligned(act.raw(), fused_vec_);
+  check_inputs(x, w_gate, K(), N(), row_types.size());
+  check_tensor(gate, {x.dim(0), N()}, DType::BF16, "gate");
+  if (x.dim(0) == 0) return;
+  const AlgKernel k = forward_choice(x, w_gate, row_types, gate, false, stream);
+  if (pairs_in_one_launch(k, row_types, up_aligned, stream)) {
+    run_fused(ops::AlgPass::Forward, k, x, w_gate, nullptr, row_types, act, false, stream, &w_up, nullptr, true);
+    last_[static_cast<int>(ops::AlgPass::Forward)] = k;
+    return;
+  }
+  forward_pair(x, w_gate, w_up, row_types, gate, up, stream);
+  detail::launch_swiglu_forward(static_cast<const uint16_t*>(gate.raw()), static_cast<const uint16_t*>(up.raw()),
+                                static_cast<uint16_t*>(act.raw()), gate.numel(), stream);
 }
 
 void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,

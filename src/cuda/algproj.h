@@ -107,6 +107,12 @@ class AlgProj {
   // split reductions (decoding).
   void forward_pair(const Tensor& x, const Tensor& w_a, const Tensor& w_b, const std::vector<int>& row_types,
                     Tensor& y_a, Tensor& y_b, cudaStream_t stream = 0) const;
+  // act = SwiGLU(x W_gate, x W_up) (assigned, bf16 [M, N]), bit for bit what forward_pair into
+  // gate and up and then swiglu_forward give: one launch under the same conditions as
+  // forward_pair's, that sequence otherwise. gate and up are scratch [M, N]: what they hold
+  // afterwards is unspecified.
+  void forward_swiglu(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const std::vector<int>& row_types,
+                      Tensor& gate, Tensor& up, Tensor& act, cudaStream_t stream = 0) const;
   // dx (assigned, bf16) and dw (assigned, or added to when accumulate_dw; fp32) of forward;
   // either may be null.
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -169,10 +175,15 @@ class AlgProj {
   AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
                    const std::function<void(const AlgKernel&)>& run) const;
   // `w2`, `out2` (the few-row forward without split reductions only): a second weight bank and
-  // output in the same launch (AlgRowArgs::w2).
+  // output in the same launch, or with `swiglu` (no out2) SwiGLU of both products into out
+  // (AlgRowArgs::w2, swiglu).
   void run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w, const Tensor* x,
                  const std::vector<int>& types, Tensor& out, bool accumulate, cudaStream_t stream,
-                 const Tensor* w2 = nullptr, Tensor* out2 = nullptr) const;
+                 const Tensor* w2 = nullptr, Tensor* out2 = nullptr, bool swiglu = false) const;
+  // Whether the forward kernel k over these row types can take a second weight bank in its
+  // launch (forward_pair, forward_swiglu), given the alignment of the extra tensors.
+  bool pairs_in_one_launch(const AlgKernel& k, const std::vector<int>& row_types, bool extra_aligned,
+                           cudaStream_t stream) const;
   // The forward's kernel for these row types, calibrated on y's first use of them (forward).
   AlgKernel forward_choice(const Tensor& x, const Tensor& w, const std::vector<int>& row_types, Tensor& y,
                            bool accumulate, cudaStream_t stream) const;

@@ -24,6 +24,7 @@
 
 #include "cuda/algproj_fused_launch.h"
 #include "cuda/check.h"
+#include "cuda/elementwise_launch.h"
 #include "cuda/mma_ptx.cuh"
 
 namespace quiver::cuda::detail {
@@ -395,16 +396,19 @@ __global__ void __launch_bounds__(256) algproj_reduce_weights_kernel(const AlgWe
 // a fixed order. A weight row is read once per tile, by kLanes threads in one 128- or 64-byte
 // run. With few column tiles the plan splits the reductions, and the pieces write fp32 slots.
 // blockIdx.y = 1 runs the tile against the second weight bank into the second output (p.w2, p.c2).
+// kSwiGlu: each block accumulates the tile against both banks (gate p.w, up p.w2) and writes
+// SwiGLU of the two products, each rounded to bf16 first as a separate SwiGLU would read them.
 constexpr int kGemvThreads = 256;
 
-template <int R, int COLS>
+template <int R, int COLS, bool kSwiGlu>
 __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRowArgs p) {
   constexpr int kLanes = COLS / 8;                    // threads per weight row
   constexpr int kRowsPerPass = kGemvThreads / kLanes;  // weight rows per pass of the block
   constexpr int kWarps = kGemvThreads / 32;
-  __shared__ float partial[kWarps][R][COLS];
+  constexpr int kBanks = kSwiGlu ? 2 : 1;              // weight banks a block reads
+  __shared__ float partial[kBanks][kWarps][R][COLS];
   const ops::AlgRowTile t = p.tiles[blockIdx.x];
-  const uint16_t* w = blockIdx.y == 0 ? p.w : p.w2;
+  const uint16_t* const bank0 = kSwiGlu || blockIdx.y == 0 ? p.w : p.w2;  // the block's (first) bank
   uint16_t* out = blockIdx.y == 0 ? p.c : p.c2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c = (tid % kLanes) * 8, krow = tid / kLanes;
@@ -412,56 +416,74 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
   int64_t row_off[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) row_off[r] = r < t.row_count ? static_cast<int64_t>(p.rows[t.row_begin + r]) * p.lda : -1;
-  float acc[R][8] = {};
+  float acc[kBanks][R][8] = {};
   for (int s = 0; s < t.seg_count; ++s) {
     const ops::AlgSegment seg = p.segments[t.seg_begin + s];
 #pragma unroll 4
     for (int k = krow; k < seg.len; k += kRowsPerPass) {
       const int kk = seg.k0 + k;
-      uint4 wv = make_uint4(0, 0, 0, 0);
-      if (col_ok) wv = __ldg(reinterpret_cast<const uint4*>(w + static_cast<int64_t>(kk) * p.ldw + t.col0 + c));
-      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-      float wf[8];
+      float wf[kBanks][8];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(w2[j]);
-        wf[2 * j] = f.x;
-        wf[2 * j + 1] = f.y;
+      for (int bk = 0; bk < kBanks; ++bk) {
+        uint4 wv = make_uint4(0, 0, 0, 0);
+        if (col_ok)
+          wv = __ldg(reinterpret_cast<const uint4*>((bk == 0 ? bank0 : p.w2) + static_cast<int64_t>(kk) * p.ldw +
+                                                    t.col0 + c));
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(pairs[j]);
+          wf[bk][2 * j] = f.x;
+          wf[bk][2 * j + 1] = f.y;
+        }
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (row_off[r] < 0) continue;
         const float xv = __bfloat162float(__ushort_as_bfloat16(__ldg(p.a + row_off[r] + kk)));
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(xv, wf[j], acc[r][j]);
+        for (int bk = 0; bk < kBanks; ++bk)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[bk][r][j] = fmaf(xv, wf[bk][j], acc[bk][r][j]);
       }
     }
   }
 #pragma unroll
   for (int off = kLanes; off < 32; off <<= 1)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int bk = 0; bk < kBanks; ++bk)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], off);
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[bk][r][j] += __shfl_xor_sync(0xffffffffu, acc[bk][r][j], off);
   if (lane < kLanes)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int bk = 0; bk < kBanks; ++bk)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) partial[warp][r][c + j] = acc[r][j];
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) partial[bk][warp][r][c + j] = acc[bk][r][j];
   __syncthreads();
   for (int i = tid; i < R * COLS; i += kGemvThreads) {
     const int r = i / COLS, col = i % COLS;
     if (r >= t.row_count || col >= t.ncols) continue;
-    float v = 0;
+    float v[kBanks] = {};
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += partial[w][r][col];
-    if (t.slot >= 0) {  // a piece of a split reduction
-      p.partials[static_cast<int64_t>(t.slot) * (R * COLS) + r * COLS + col] = v;
+    for (int bk = 0; bk < kBanks; ++bk)
+#pragma unroll
+      for (int wp = 0; wp < kWarps; ++wp) v[bk] += partial[bk][wp][r][col];
+    uint16_t* dst = out + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
+    if constexpr (kSwiGlu) {  // no splits, no accumulation (the host checks)
+      const float g = __bfloat162float(__float2bfloat16_rn(v[0])), u = __bfloat162float(__float2bfloat16_rn(v[1]));
+      *dst = bf16_round(swiglu_value(g, u));
       continue;
     }
-    uint16_t* dst = out + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
-    if (p.accumulate) v += __bfloat162float(__ushort_as_bfloat16(*dst));
-    *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    if (t.slot >= 0) {  // a piece of a split reduction
+      p.partials[static_cast<int64_t>(t.slot) * (R * COLS) + r * COLS + col] = v[0];
+      continue;
+    }
+    if (p.accumulate) v[0] += __bfloat162float(__ushort_as_bfloat16(*dst));
+    *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v[0]));
   }
 }
 
@@ -470,8 +492,12 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
   auto one = [&](auto index) {
     constexpr AlgGemvConfig cfg = kAlgGemvConfigs[decltype(index)::value];
     if (a.num_tiles == 0) return;
-    const dim3 grid(static_cast<unsigned>(a.num_tiles), a.w2 != nullptr ? 2u : 1u);
-    algproj_gemv_kernel<cfg.rows, cfg.cols><<<grid, kGemvThreads, 0, stream>>>(a);
+    if (a.swiglu) {
+      algproj_gemv_kernel<cfg.rows, cfg.cols, true><<<a.num_tiles, kGemvThreads, 0, stream>>>(a);
+    } else {
+      const dim3 grid(static_cast<unsigned>(a.num_tiles), a.w2 != nullptr ? 2u : 1u);
+      algproj_gemv_kernel<cfg.rows, cfg.cols, false><<<grid, kGemvThreads, 0, stream>>>(a);
+    }
     QV_CUDA_CHECK(cudaGetLastError());
   };
   ((config == I ? one(std::integral_constant<int, I>{}) : void()), ...);

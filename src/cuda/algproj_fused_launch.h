@@ -64,6 +64,9 @@ struct AlgRowArgs {
   // and up) are one launch. Null: one projection.
   const uint16_t* w2 = nullptr;
   uint16_t* c2 = nullptr;
+  // With w2: c = SwiGLU(x W, x W2) instead (SwiGLU's gate W and up W2, each product rounded to
+  // bf16 first, as swiglu_forward reads them), one block computing both for its tile; c2 unused.
+  bool swiglu = false;
 };
 
 // The second pass of a plan with split reductions: c[rows of a split, its columns] = Σ of its

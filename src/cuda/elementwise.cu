@@ -134,7 +134,7 @@ __global__ void swiglu_forward_kernel(const uint16_t* gate, const uint16_t* up, 
     load_cols<kStep>(gate + i, g);
     load_cols<kStep>(up + i, u);
 #pragma unroll
-    for (int e = 0; e < kStep; ++e) g[e] = g[e] * sigmoid(g[e]) * u[e];
+    for (int e = 0; e < kStep; ++e) g[e] = swiglu_value(g[e], u[e]);
     store_cols<kStep>(out + i, g);
   });
 }

@@ -594,14 +594,17 @@ void ffn_project(const Tensor& x, const DeviceParam& w, const DeviceParam& b, co
 
 }  // namespace
 
-// out += ffn(h): the gate and up projections into f_gate, f_up, the activation into f_act, then
-// the down projection added to out.
+// out += ffn(h): the gate and up projections into f_gate, f_up (with keep_projections), the
+// activation into f_act, then the down projection added to out.
 void GpuModel::ffn_forward(const Layer& L, const std::vector<int>& types, const Tensor& h, Tensor& f_gate,
-                           Tensor& f_up, Tensor& f_act, Tensor& out) {
+                           Tensor& f_up, Tensor& f_act, Tensor& out, bool keep_projections) {
   const cudaStream_t s = stream_;
   const AlgProj* up = ffn_up_proj_.get();
   timer_.mark("ffn projections", s);
-  if (cfg_.ffn.kind == "swiglu") {
+  if (cfg_.ffn.kind == "swiglu" && up && !keep_projections) {
+    // Decoding: gate, up and SwiGLU in one few-row launch where it applies (AlgProj::forward_swiglu).
+    up->forward_swiglu(h, L.ffn_gate.half, L.ffn_up.half, types, f_gate, f_up, f_act, s);
+  } else if (cfg_.ffn.kind == "swiglu") {
     if (up) {  // one launch for both when decoding (AlgProj::forward_pair)
       up->forward_pair(h, L.ffn_gate.half, L.ffn_up.half, types, f_gate, f_up, s);
     } else {
@@ -1088,7 +1091,7 @@ void GpuModel::decode_step(GpuDecodeState& st) {
     project(st.y_, L.w_out, L.b_out, st.x_, 1.0f, s);  // x += y W_O (in place: C = D = x)
     mark("norm");
     norm_forward(cfg_, st.x_, L.norm2_w, L.norm2_b, st.h_, st.mean_, st.rstd_, s);
-    ffn_forward(L, st.row_types_, st.h_, st.f_gate_, st.f_up_, st.f_act_, st.x_);
+    ffn_forward(L, st.row_types_, st.h_, st.f_gate_, st.f_up_, st.f_act_, st.x_, false);
   }
   mark("norm");
   norm_forward(cfg_, st.x_, norm_f_w_, norm_f_b_, st.h_, st.mean_, st.rstd_, s);

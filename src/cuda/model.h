@@ -131,8 +131,9 @@ class GpuModel {
   void upload_tokens(const int32_t* tokens, const int32_t* targets, int64_t n, Acts& acts);
   void ensure_acts(int64_t B, int64_t T, bool training);
   void forward(Acts& acts, Mode mode, GpuDecodeState* state);
+  // keep_projections = false (decoding): f_gate and f_up are scratch and may be left unwritten.
   void ffn_forward(const Layer& L, const std::vector<int>& types, const Tensor& h, Tensor& f_gate, Tensor& f_up,
-                   Tensor& f_act, Tensor& out);
+                   Tensor& f_act, Tensor& out, bool keep_projections = true);
   void project_head(const Tensor& h, void* logits, int64_t ldc) const;
   void head_and_loss(Acts& acts, bool with_grad, float grad_scale);
   void backward(Acts& acts, const GradientsFinal& on_final);

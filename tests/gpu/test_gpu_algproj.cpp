@@ -15,9 +15,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,6 +24,7 @@
 #include "cuda/algproj.h"
 #include "cuda/algproj_fused_launch.h"
 #include "cuda/backend.h"
+#include "cuda/ops.h"
 #include "gpu/gpu_testing.h"
 #include "ops/algproj.h"
 #include "ops/algproj_tiles.h"
@@ -435,12 +435,13 @@ TEST(GpuAlgProj, FewRowKernelsForward) {
   EXPECT_THROW(narrow.forward(x, w, {0}, y), Error);
 }
 
-TEST(GpuAlgProj, ForwardPairEqualsTwoForwards) {
+TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
   // Two weight banks of one input (SwiGLU's gate and up) by forward_pair: bit for bit what two
   // forward calls give, whether it is one few-row launch (the whole gemv configurations), or
-  // falls back to two calls (split few-row plans, the tile kernels, the products schedule).
+  // falls back to two calls (split few-row plans, the tile kernels, the products schedule); and
+  // forward_swiglu bit for bit what those and swiglu_forward give.
   const Case wide_q2x2{"Q2xQ2", {}, {}, 128, 256};
   std::vector<cuda::AlgProj::Kernels> pins;
   for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::Forward))
@@ -463,9 +464,10 @@ TEST(GpuAlgProj, ForwardPairEqualsTwoForwards) {
         cuda::AlgProj gpu(law, widths);
         gpu.set_kernels(pins[i]);
         Tensor ya = Tensor::empty({M, N}, DType::BF16, Device::CUDA), yb = ya.clone();
-        Tensor ra = ya.clone(), rb = ya.clone();
+        Tensor ra = ya.clone(), rb = ya.clone(), act = ya.clone(), act_ref = ya.clone();
         gpu.forward(x, wa, types, ra);
         gpu.forward(x, wb, types, rb);
+        cuda::swiglu_forward(ra, rb, act_ref);
         for (int rep = 0; rep < 2; ++rep) {  // the second call reuses the plan
           poison(ya);
           poison(yb);
@@ -473,6 +475,10 @@ TEST(GpuAlgProj, ForwardPairEqualsTwoForwards) {
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           EXPECT_TRUE(same_bits(ya, ra));
           EXPECT_TRUE(same_bits(yb, rb));
+          poison(act);
+          gpu.forward_swiglu(x, wa, wb, types, ya, yb, act);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_TRUE(same_bits(act, act_ref));
         }
       }
     }
