@@ -463,8 +463,8 @@ TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
         SCOPED_TRACE("law " + cs->law + ", M " + std::to_string(M) + ", pin " + std::to_string(i));
         cuda::AlgProj gpu(law, widths);
         gpu.set_kernels(pins[i]);
-        Tensor ya = Tensor::empty({M, N}, DType::BF16, Device::CUDA), yb = ya.clone();
-        Tensor ra = ya.clone(), rb = ya.clone(), act = ya.clone(), act_ref = ya.clone();
+        const auto out = [&] { return Tensor::empty({M, N}, DType::BF16, Device::CUDA); };
+        Tensor ya = out(), yb = out(), ra = out(), rb = out(), act = out(), act_ref = out();
         gpu.forward(x, wa, types, ra);
         gpu.forward(x, wb, types, rb);
         cuda::swiglu_forward(ra, rb, act_ref);
