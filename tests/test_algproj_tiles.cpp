@@ -242,35 +242,6 @@ TEST(AlgProjTiles, LongReductionsAreSplit) {
   EXPECT_EQ(whole.macs, p.macs);
 }
 
-// A few-row forward (decoding) with few column tiles: min_tiles asks for about that many
-// pieces, so every reduction longer than the target (at least 128) is split.
-TEST(AlgProjTiles, FewTilesAreSplitForOccupancy) {
-  const algebra::Law q4 = algebra::Law::complete(4);
-  const algebra::GroupWidths widths = algebra::GroupWidths::equal(4, 1024, 256);
-  const std::vector<int> types = {2, 0, 3};
-  Rng rng(5);
-  const Tensor x = quiver::testing::random_tensor({3, 1024}, DType::F64, rng);
-  const Tensor w = quiver::testing::random_tensor({1024, 256}, DType::F64, rng);
-  Tensor y_ref = Tensor::empty({3, 256}, DType::F64);
-  ops::algproj_reference_forward(x, w, q4, widths, types, y_ref);
-  const ops::AlgRowPlan whole = ops::plan_row_pass(q4, widths, types, ops::AlgPass::Forward, 1, 64);
-  ASSERT_EQ(whole.tiles.size(), 12u);  // 3 rows × 4 output groups
-  EXPECT_TRUE(whole.splits.empty());
-  const ops::AlgRowPlan p = ops::plan_row_pass(q4, widths, types, ops::AlgPass::Forward, 1, 64, true, 64);
-  EXPECT_EQ(p.splits.size(), 12u);  // every reduction (256 or 512 long) is over the 128 target
-  EXPECT_GT(p.tiles.size(), 36u);
-  for (const ops::AlgRowTile& t : p.tiles) {
-    int64_t len = 0;
-    for (int s = 0; s < t.seg_count; ++s) len += p.segments[t.seg_begin + s].len;
-    EXPECT_LE(len, 128);
-  }
-  std::vector<int> writes;
-  const Tensor y = run_row_plan(p, x, w, false, 256, writes);
-  EXPECT_TRUE(each_once(writes));
-  EXPECT_LT(max_abs_diff(y, y_ref), 1e-9);
-  EXPECT_EQ(p.macs, whole.macs);
-}
-
 // Q16 dW: the diagonal blocks reduce over all M = 2048 rows, the others over one type's 128,
 // so the diagonal tiles' row lists are cut into pieces of 512 summed in order.
 TEST(AlgProjTiles, LongRowListsAreSplit) {

@@ -353,17 +353,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
       d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
                                  Device::CUDA);
   } else {
-    // The few-row kernel has one block per tile: with few column tiles its reductions may be
-    // split until about two blocks per multiprocessor run (AlgKernel::split).
-    int64_t min_tiles = 0;
-    if (kernel.kind == AlgKernel::Kind::Gemv && kernel.split) {
-      int dev = 0, sms = 0;
-      QV_CUDA_CHECK(cudaGetDevice(&dev));
-      QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      min_tiles = 2 * static_cast<int64_t>(sms);
-    }
-    const ops::AlgRowPlan p =
-        ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, true, min_tiles);
+    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -375,6 +365,15 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     if (p.num_slots > 0)
       d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
                                  Device::CUDA);
+    // The split few-row kernel: clusters of up to 8 blocks per tile, until about two blocks
+    // per multiprocessor run.
+    if (kernel.kind == AlgKernel::Kind::Gemv && kernel.split) {
+      int dev = 0, sms = 0;
+      QV_CUDA_CHECK(cudaGetDevice(&dev));
+      QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      while (d.slices < 8 && static_cast<int64_t>(d.num_tiles) * d.slices < 2 * static_cast<int64_t>(sms))
+        d.slices *= 2;
+    }
   }
   d.buffer = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(bytes.size() + 7) / 8, 1)}, DType::F64,
                            Device::CUDA);
@@ -439,6 +438,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   args.segments = d.segments;
   args.num_tiles = d.num_tiles;
   args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
+  args.slices = d.slices;
   if (w2 != nullptr) {
     args.w2 = static_cast<const uint16_t*>(w2->raw());
     args.c2 = out2 != nullptr ? static_cast<uint16_t*>(out2->raw()) : nullptr;
@@ -482,7 +482,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj3|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj4|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -529,7 +529,10 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       // A split candidate whose plan has nothing to split is its unsplit twin.
-      if (k.split && plan(pass, k, types, stream).num_splits == 0) continue;
+      if (k.split) {
+        const DevicePlan& d = plan(pass, k, types, stream);
+        if (k.kind == AlgKernel::Kind::Gemv ? d.slices == 1 : d.num_splits == 0) continue;
+      }
       run(k);  // warm: builds the plan, grows scratch
       // Milliseconds per call over `calls` back-to-back calls between two events.
       auto per_call = [&](int calls) {

@@ -71,10 +71,11 @@ struct AlgKernel {
   enum class Kind { Products, Fused, Gemv };
   Kind kind = Kind::Fused;
   int config = 0;
-  // Extra splitting that pays at some shapes and costs slot traffic and a reduction kernel at
-  // others, so calibration times both: for the dW fused kernel, long row lists split into pieces
-  // (ops::plan_weight_pass); for the few-row kernel, reductions split until about two blocks per
-  // multiprocessor run (min_tiles of ops::plan_row_pass). Other kernels ignore it.
+  // Extra splitting that pays at some shapes and costs at others, so calibration times both: for
+  // the dW fused kernel, long row lists split into pieces (ops::plan_weight_pass; slot traffic
+  // and a reduction kernel); for the few-row kernel, up to 8 blocks per tile (a cluster that
+  // adds its partial sums over distributed shared memory) until about two blocks per
+  // multiprocessor run. Other kernels ignore it.
   bool split = false;
   bool operator==(const AlgKernel&) const = default;
 };
@@ -168,6 +169,7 @@ class AlgProj {
     const void* splits = nullptr;  // split reductions (ops::AlgSplit or AlgWeightSplit) and their fp32 slots
     int num_splits = 0, slot_rows = 0, slot_cols = 0;
     Tensor partials;
+    int slices = 1;  // the few-row kernel's blocks per tile (AlgRowArgs::slices)
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives
   };
   const DevicePlan& plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,

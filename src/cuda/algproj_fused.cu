@@ -16,6 +16,7 @@
 // Warps split the block's output tile in a WM × WN grid; each warp owns a (16·MI) × (8·NI)
 // piece and issues MI·NI mma.sync m16n8k16 per 16 reduction steps. Shared-memory rows are
 // padded by 8 elements so the 8 rows of one ldmatrix fall in distinct banks.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -390,11 +391,14 @@ __global__ void __launch_bounds__(256) algproj_reduce_weights_kernel(const AlgWe
 }
 
 // ---- Few-row forward (decode) -----------------------------------------------------------------
-// One block of 256 threads per tile: each thread owns 8 output columns (one 16-byte weight
-// vector per weight row) of the tile and a stripe of its weight rows, and accumulates all R rows
-// of the tile in fp32; warps then reduce by shuffles and the block through shared memory, in
-// a fixed order. A weight row is read once per tile, by kLanes threads in one 128- or 64-byte
-// run. With few column tiles the plan splits the reductions, and the pieces write fp32 slots.
+// p.slices blocks of 256 threads per tile, one thread-block cluster: each block takes an equal
+// share of the tile's weight rows (its segments laid end to end), each thread 8 output columns
+// of the tile (one 16-byte weight vector per weight row) and a stripe of the block's rows, and
+// accumulates all R rows of the tile in fp32; warps then reduce by shuffles and the block
+// through shared memory, and the cluster's blocks add each other's sums over distributed
+// shared memory, all in a fixed order. A weight row is read once per tile, by kLanes threads
+// in one 128- or 64-byte run. So a decode step with few column tiles still has blocks on most
+// multiprocessors, with no second launch; a plan's split reductions write fp32 slots.
 // blockIdx.y = 1 runs the tile against the second weight bank into the second output (p.w2, p.c2).
 // kSwiGlu: each block accumulates the tile against both banks (gate p.w, up p.w2) and writes
 // SwiGLU of the two products, each rounded to bf16 first as a separate SwiGLU would read them.
@@ -407,7 +411,8 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
   constexpr int kWarps = kGemvThreads / 32;
   constexpr int kBanks = kSwiGlu ? 2 : 1;              // weight banks a block reads
   __shared__ float partial[kBanks][kWarps][R][COLS];
-  const ops::AlgRowTile t = p.tiles[blockIdx.x];
+  const int slices = p.slices, slice = static_cast<int>(blockIdx.x) % slices;
+  const ops::AlgRowTile t = p.tiles[blockIdx.x / slices];
   const uint16_t* const bank0 = kSwiGlu || blockIdx.y == 0 ? p.w : p.w2;  // the block's (first) bank
   uint16_t* out = blockIdx.y == 0 ? p.c : p.c2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -416,11 +421,21 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
   int64_t row_off[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) row_off[r] = r < t.row_count ? static_cast<int64_t>(p.rows[t.row_begin + r]) * p.lda : -1;
+  // The block's share [lo, hi) of the tile's weight rows, its segments laid end to end.
+  int lo = 0, hi = INT32_MAX;
+  if (slices > 1) {
+    int total = 0;
+    for (int s = 0; s < t.seg_count; ++s) total += p.segments[t.seg_begin + s].len;
+    lo = static_cast<int>(static_cast<int64_t>(total) * slice / slices);
+    hi = static_cast<int>(static_cast<int64_t>(total) * (slice + 1) / slices);
+  }
   float acc[kBanks][R][8] = {};
-  for (int s = 0; s < t.seg_count; ++s) {
+  for (int s = 0, base = 0; s < t.seg_count; ++s) {
     const ops::AlgSegment seg = p.segments[t.seg_begin + s];
+    const int first = max(lo - base, 0), last = min(hi - base, seg.len);
+    base += seg.len;
 #pragma unroll 4
-    for (int k = krow; k < seg.len; k += kRowsPerPass) {
+    for (int k = first + krow; k < last; k += kRowsPerPass) {
       const int kk = seg.k0 + k;
       float wf[kBanks][8];
 #pragma unroll
@@ -464,14 +479,28 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
 #pragma unroll
         for (int j = 0; j < 8; ++j) partial[bk][warp][r][c + j] = acc[bk][r][j];
   __syncthreads();
-  for (int i = tid; i < R * COLS; i += kGemvThreads) {
+  // The block's sums over its warps, in place of warp 0's (each element by one thread).
+  for (int i = tid; i < R * COLS; i += kGemvThreads)
+#pragma unroll
+    for (int bk = 0; bk < kBanks; ++bk) {
+      float v = partial[bk][0][i / COLS][i % COLS];
+#pragma unroll
+      for (int wp = 1; wp < kWarps; ++wp) v += partial[bk][wp][i / COLS][i % COLS];
+      partial[bk][0][i / COLS][i % COLS] = v;
+    }
+  namespace cg = cooperative_groups;
+  if (slices > 1) cg::this_cluster().sync();  // every block's sums, visible to the cluster
+  // The cluster's blocks share the tile's outputs, each adding the blocks' sums in rank order
+  // (with one block, each thread reads back only the elements it summed).
+  for (int i = slice * kGemvThreads + tid; i < R * COLS; i += slices * kGemvThreads) {
     const int r = i / COLS, col = i % COLS;
     if (r >= t.row_count || col >= t.ncols) continue;
     float v[kBanks] = {};
+    for (int sl = 0; sl < slices; ++sl) {
+      const float* sums = sl == slice ? &partial[0][0][0][0] : cg::this_cluster().map_shared_rank(&partial[0][0][0][0], sl);
 #pragma unroll
-    for (int bk = 0; bk < kBanks; ++bk)
-#pragma unroll
-      for (int wp = 0; wp < kWarps; ++wp) v[bk] += partial[bk][wp][r][col];
+      for (int bk = 0; bk < kBanks; ++bk) v[bk] += sums[bk * (kWarps * R * COLS) + i];
+    }
     uint16_t* dst = out + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
     if constexpr (kSwiGlu) {  // no splits, no accumulation (the host checks)
       const float g = __bfloat162float(__float2bfloat16_rn(v[0])), u = __bfloat162float(__float2bfloat16_rn(v[1]));
@@ -485,6 +514,7 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
     if (p.accumulate) v[0] += __bfloat162float(__ushort_as_bfloat16(*dst));
     *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v[0]));
   }
+  if (slices > 1) cg::this_cluster().sync();  // no block leaves while another reads its sums
 }
 
 template <int... I>
@@ -492,13 +522,21 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
   auto one = [&](auto index) {
     constexpr AlgGemvConfig cfg = kAlgGemvConfigs[decltype(index)::value];
     if (a.num_tiles == 0) return;
-    if (a.swiglu) {
-      algproj_gemv_kernel<cfg.rows, cfg.cols, true><<<a.num_tiles, kGemvThreads, 0, stream>>>(a);
-    } else {
-      const dim3 grid(static_cast<unsigned>(a.num_tiles), a.w2 != nullptr ? 2u : 1u);
-      algproj_gemv_kernel<cfg.rows, cfg.cols, false><<<grid, kGemvThreads, 0, stream>>>(a);
-    }
-    QV_CUDA_CHECK(cudaGetLastError());
+    // One cluster of a.slices blocks per tile; y = 1 the second bank (AlgRowArgs::w2).
+    cudaLaunchConfig_t launch{};
+    launch.gridDim = dim3(static_cast<unsigned>(a.num_tiles * a.slices), a.w2 != nullptr && !a.swiglu ? 2u : 1u);
+    launch.blockDim = dim3(kGemvThreads);
+    launch.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(a.slices);
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    launch.attrs = &cluster;
+    launch.numAttrs = 1;
+    if (a.swiglu)
+      QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, algproj_gemv_kernel<cfg.rows, cfg.cols, true>, a));
+    else
+      QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, algproj_gemv_kernel<cfg.rows, cfg.cols, false>, a));
   };
   ((config == I ? one(std::integral_constant<int, I>{}) : void()), ...);
 }

@@ -59,6 +59,9 @@ struct AlgRowArgs {
   const ops::AlgSegment* segments;
   int num_tiles;
   float* partials;  // the plan's slots (tiles with slot >= 0 write there; see AlgReduceArgs)
+  // The few-row forward only: blocks per tile (1-8, one thread-block cluster), each reducing an
+  // equal share of the tile's weight rows.
+  int slices = 1;
   // The few-row forward only, plans without split reductions: a second weight bank and output
   // over the same plan and input (blockIdx.y = 1), so two projections of one input (SwiGLU's gate
   // and up) are one launch. Null: one projection.

@@ -53,10 +53,8 @@ int64_t reduction_length(const AlgRowPlan& plan, const AlgRowTile& t) {
 // Splits the plan's long tiles (see algproj_tiles.h). A reduction longer than twice the
 // target (twice the median tile's, at least 512 columns) is cut into pieces of the target
 // length; the target doubles until the partial sums need no more elements than the output
-// (or 4M, 16 MB, for small outputs). With fewer than min_tiles tiles (a few-row plan with few
-// column tiles), every reduction longer than the target is cut, the target then being what
-// gives about min_tiles pieces (at least 128 columns).
-void split_long_tiles(AlgRowPlan& plan, int64_t out_elems, int tile_rows, int tile_cols, int64_t min_tiles) {
+// (or 4M, 16 MB, for small outputs).
+void split_long_tiles(AlgRowPlan& plan, int64_t out_elems, int tile_rows, int tile_cols) {
   if (plan.tiles.empty()) return;
   std::vector<int64_t> len(plan.tiles.size());
   for (size_t i = 0; i < plan.tiles.size(); ++i) len[i] = reduction_length(plan, plan.tiles[i]);
@@ -66,14 +64,7 @@ void split_long_tiles(AlgRowPlan& plan, int64_t out_elems, int tile_rows, int ti
   const int64_t slot_elems = static_cast<int64_t>(tile_rows) * tile_cols;
   auto round_up = [](int64_t v) { return (v + kAlgSplitAlign - 1) / kAlgSplitAlign * kAlgSplitAlign; };
   int64_t target = round_up(std::max<int64_t>(2 * median, 512));
-  const int64_t ntiles = static_cast<int64_t>(plan.tiles.size());
-  const bool few = min_tiles > ntiles;
-  if (few) {
-    const int64_t longest = *std::max_element(len.begin(), len.end());
-    const int64_t parts = (min_tiles + ntiles - 1) / ntiles;
-    target = std::max<int64_t>(round_up((longest + parts - 1) / parts), 2 * kAlgSplitAlign);
-  }
-  auto parts_of = [&](int64_t l, int64_t t) { return l > (few ? 1 : 2) * t ? (l + t - 1) / t : int64_t{1}; };
+  auto parts_of = [](int64_t l, int64_t t) { return l > 2 * t ? (l + t - 1) / t : int64_t{1}; };
   for (;; target *= 2) {
     int64_t slots = 0;
     for (int64_t l : len) slots += parts_of(l, target) > 1 ? parts_of(l, target) : 0;
@@ -121,7 +112,7 @@ void split_long_tiles(AlgRowPlan& plan, int64_t out_elems, int tile_rows, int ti
 
 AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                          const std::vector<int>& row_types, AlgPass pass, int tile_rows,
-                         int tile_cols, bool split, int64_t min_tiles) {
+                         int tile_cols, bool split) {
   QV_CHECK(pass == AlgPass::Forward || pass == AlgPass::DX,
            "plan_row_pass: the pass must be Forward or DX");
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
@@ -190,7 +181,7 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
     }
   }
   if (split)
-    split_long_tiles(plan, static_cast<int64_t>(row_types.size()) * o_off[q], tile_rows, tile_cols, min_tiles);
+    split_long_tiles(plan, static_cast<int64_t>(row_types.size()) * o_off[q], tile_rows, tile_cols);
   std::stable_sort(plan.tiles.begin(), plan.tiles.end(), [&](const AlgRowTile& x, const AlgRowTile& y) {
     return reduction_length(plan, x) > reduction_length(plan, y);
   });

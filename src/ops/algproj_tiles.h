@@ -91,12 +91,10 @@ struct AlgWeightPlan {
 };
 
 // pass: Forward or DX. row_types: one entry per row, in [0, q). split: whether long
-// reductions may be split (cut points are multiples of kAlgSplitAlign reduction columns);
-// min_tiles: with fewer tiles than this, reductions are split until about that many run
-// (the GPU's width, for the few-row kernels).
+// reductions may be split (cut points are multiples of kAlgSplitAlign reduction columns).
 AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                          const std::vector<int>& row_types, AlgPass pass, int tile_rows,
-                         int tile_cols, bool split = true, int64_t min_tiles = 0);
+                         int tile_cols, bool split = true);
 constexpr int kAlgSplitAlign = 64;
 
 // split: whether long row lists may be split (see the file comment).

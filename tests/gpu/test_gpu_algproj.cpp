@@ -411,7 +411,7 @@ TEST(GpuAlgProj, FewRowKernelsForward) {
   // than a tile holds (several tiles per class) and mixed types; dX and dW stay calibrated.
   const Case wide_q2x2{"Q2xQ2", {}, {}, 128, 256}, wide_dense{"dense:4", {}, {}, 64, 128};
   // Each configuration whole and split (these shapes have few column tiles, so the split
-  // plans cut the reductions: ops::plan_row_pass's min_tiles).
+  // kernel runs clusters of several blocks per tile).
   int configs = 0;
   for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::Forward))
     configs += k.kind == AlgKernel::Kind::Gemv && !k.split;
