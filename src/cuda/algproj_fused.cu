@@ -479,7 +479,36 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
 #pragma unroll
         for (int j = 0; j < 8; ++j) partial[bk][warp][r][c + j] = acc[bk][r][j];
   __syncthreads();
-  // The block's sums over its warps, in place of warp 0's (each element by one thread).
+  // Output element i = r * COLS + col of the tile, from its sums v.
+  const auto in_tile = [&](int i) { return i / COLS < t.row_count && i % COLS < t.ncols; };
+  const auto store = [&](int i, float* v) {
+    uint16_t* dst = out + static_cast<int64_t>(p.rows[t.row_begin + i / COLS]) * p.ldc + t.col0 + i % COLS;
+    if constexpr (kSwiGlu) {  // no splits, no accumulation (the host checks)
+      const float g = __bfloat162float(__float2bfloat16_rn(v[0])), u = __bfloat162float(__float2bfloat16_rn(v[1]));
+      *dst = bf16_round(swiglu_value(g, u));
+      return;
+    }
+    if (t.slot >= 0) {  // a piece of a split reduction
+      p.partials[static_cast<int64_t>(t.slot) * (R * COLS) + i] = v[0];
+      return;
+    }
+    if (p.accumulate) v[0] += __bfloat162float(__ushort_as_bfloat16(*dst));
+    *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v[0]));
+  };
+  if (slices == 1) {
+    for (int i = tid; i < R * COLS; i += kGemvThreads) {
+      if (!in_tile(i)) continue;
+      float v[kBanks] = {};
+#pragma unroll
+      for (int bk = 0; bk < kBanks; ++bk)
+#pragma unroll
+        for (int wp = 0; wp < kWarps; ++wp) v[bk] += partial[bk][wp][i / COLS][i % COLS];
+      store(i, v);
+    }
+    return;
+  }
+  // A cluster: each block sums its warps in place of warp 0's partials, then the blocks share
+  // the tile's outputs, each adding the blocks' sums in rank order.
   for (int i = tid; i < R * COLS; i += kGemvThreads)
 #pragma unroll
     for (int bk = 0; bk < kBanks; ++bk) {
@@ -489,32 +518,18 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
       partial[bk][0][i / COLS][i % COLS] = v;
     }
   namespace cg = cooperative_groups;
-  if (slices > 1) cg::this_cluster().sync();  // every block's sums, visible to the cluster
-  // The cluster's blocks share the tile's outputs, each adding the blocks' sums in rank order
-  // (with one block, each thread reads back only the elements it summed).
+  cg::this_cluster().sync();  // every block's sums, visible to the cluster
   for (int i = slice * kGemvThreads + tid; i < R * COLS; i += slices * kGemvThreads) {
-    const int r = i / COLS, col = i % COLS;
-    if (r >= t.row_count || col >= t.ncols) continue;
+    if (!in_tile(i)) continue;
     float v[kBanks] = {};
     for (int sl = 0; sl < slices; ++sl) {
-      const float* sums = sl == slice ? &partial[0][0][0][0] : cg::this_cluster().map_shared_rank(&partial[0][0][0][0], sl);
+      const float* sums = cg::this_cluster().map_shared_rank(&partial[0][0][0][0], sl);
 #pragma unroll
       for (int bk = 0; bk < kBanks; ++bk) v[bk] += sums[bk * (kWarps * R * COLS) + i];
     }
-    uint16_t* dst = out + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + col;
-    if constexpr (kSwiGlu) {  // no splits, no accumulation (the host checks)
-      const float g = __bfloat162float(__float2bfloat16_rn(v[0])), u = __bfloat162float(__float2bfloat16_rn(v[1]));
-      *dst = bf16_round(swiglu_value(g, u));
-      continue;
-    }
-    if (t.slot >= 0) {  // a piece of a split reduction
-      p.partials[static_cast<int64_t>(t.slot) * (R * COLS) + r * COLS + col] = v[0];
-      continue;
-    }
-    if (p.accumulate) v[0] += __bfloat162float(__ushort_as_bfloat16(*dst));
-    *dst = __bfloat16_as_ushort(__float2bfloat16_rn(v[0]));
+    store(i, v);
   }
-  if (slices > 1) cg::this_cluster().sync();  // no block leaves while another reads its sums
+  cg::this_cluster().sync();  // no block leaves while another reads its sums
 }
 
 template <int... I>
@@ -522,9 +537,16 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
   auto one = [&](auto index) {
     constexpr AlgGemvConfig cfg = kAlgGemvConfigs[decltype(index)::value];
     if (a.num_tiles == 0) return;
-    // One cluster of a.slices blocks per tile; y = 1 the second bank (AlgRowArgs::w2).
+    // One block, or a cluster of a.slices blocks, per tile; y = 1 the second bank (AlgRowArgs::w2).
+    const dim3 grid(static_cast<unsigned>(a.num_tiles * a.slices), a.w2 != nullptr && !a.swiglu ? 2u : 1u);
+    auto kernel = a.swiglu ? algproj_gemv_kernel<cfg.rows, cfg.cols, true> : algproj_gemv_kernel<cfg.rows, cfg.cols, false>;
+    if (a.slices == 1) {
+      kernel<<<grid, kGemvThreads, 0, stream>>>(a);
+      QV_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     cudaLaunchConfig_t launch{};
-    launch.gridDim = dim3(static_cast<unsigned>(a.num_tiles * a.slices), a.w2 != nullptr && !a.swiglu ? 2u : 1u);
+    launch.gridDim = grid;
     launch.blockDim = dim3(kGemvThreads);
     launch.stream = stream;
     cudaLaunchAttribute cluster{};
@@ -533,10 +555,7 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
     cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
     launch.attrs = &cluster;
     launch.numAttrs = 1;
-    if (a.swiglu)
-      QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, algproj_gemv_kernel<cfg.rows, cfg.cols, true>, a));
-    else
-      QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, algproj_gemv_kernel<cfg.rows, cfg.cols, false>, a));
+    QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, a));
   };
   ((config == I ? one(std::integral_constant<int, I>{}) : void()), ...);
 }
