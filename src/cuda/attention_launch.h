@@ -70,6 +70,14 @@ inline int64_t flash_dq_sum_floats(const AttentionDims& d) {
   const int64_t w = (d.Dh + kAttentionPadStep - 1) / kAttentionPadStep * kAttentionPadStep;
   return d.B * d.Hq * flash_dq_sum_rows(d.T) * w;
 }
+// The backward runs on wgmma up to this padded head width: beyond it the dK and dV accumulators
+// (a warp's 16 x padded width each) and the score tiles no longer fit the registers, and
+// mma.sync kernels take over (flash_mixer.cuh). Only the wgmma dK/dV kernel has the one-pass dQ,
+// so only these widths need its sums.
+inline constexpr int kWgmmaBackwardWidth = 96;
+inline bool flash_dq_one_pass_width(int64_t Dh) {
+  return (Dh + kAttentionPadStep - 1) / kAttentionPadStep * kAttentionPadStep <= kWgmmaBackwardWidth;
+}
 
 template <int kPadded>
 void launch_attention_forward(const AttentionForwardArgs& args, cudaStream_t stream);

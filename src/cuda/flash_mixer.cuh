@@ -389,11 +389,9 @@ __device__ __forceinline__ float quad_row_dot(const uint16_t* a, const uint16_t*
   return quad_sum(sum);
 }
 
-// The backward runs on wgmma up to this head width: beyond it the dK and dV accumulators (a warp's
-// 16 x kPadded each) and the score tiles no longer fit the registers, and the mma.sync kernels
-// (dkdv_kernel with 32-row query tiles, dq_kernel) take over. The forward is on wgmma at every
-// width.
-inline constexpr int kWgmmaBackwardWidth = 96;
+// The backward's wgmma kernels serve padded widths up to kWgmmaBackwardWidth
+// (attention_launch.h); the mma.sync ones (dkdv_kernel with 32-row query tiles, dq_kernel) the
+// wider. The forward is on wgmma at every width.
 inline constexpr int kDkdvQueryTile = 32;  // query rows per tile of dkdv_kernel's loop
 
 // ---- Forward ----------------------------------------------------------------------------------
