@@ -27,6 +27,7 @@
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
 #include "cuda/mma_ptx.cuh"
+#include "cuda/pdl.cuh"
 
 namespace quiver::cuda::detail {
 namespace {
@@ -399,6 +400,8 @@ __global__ void __launch_bounds__(256) algproj_reduce_weights_kernel(const AlgWe
 // shared memory, all in a fixed order. A weight row is read once per tile, by kLanes threads
 // in one 128- or 64-byte run. So a decode step with few column tiles still has blocks on most
 // multiprocessors, with no second launch; a plan's split reductions write fp32 slots.
+// Launched as a programmatic dependent (pdl.cuh): the plan's metadata, constant since the plan
+// was uploaded, is read while the kernel before it finishes; x and the outputs only after.
 // blockIdx.y = 1 runs the tile against the second weight bank into the second output (p.w2, p.c2).
 // kSwiGlu: each block accumulates the tile against both banks (gate p.w, up p.w2) and writes
 // SwiGLU of the two products, each rounded to bf16 first as a separate SwiGLU would read them.
@@ -429,6 +432,8 @@ __global__ void __launch_bounds__(kGemvThreads) algproj_gemv_kernel(const AlgRow
     lo = static_cast<int>(static_cast<int64_t>(total) * slice / slices);
     hi = static_cast<int>(static_cast<int64_t>(total) * (slice + 1) / slices);
   }
+  pdl_trigger();
+  pdl_wait();
   float acc[kBanks][R][8] = {};
   for (int s = 0, base = 0; s < t.seg_count; ++s) {
     const ops::AlgSegment seg = p.segments[t.seg_begin + s];
@@ -540,21 +545,18 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
     // One block, or a cluster of a.slices blocks, per tile; y = 1 the second bank (AlgRowArgs::w2).
     const dim3 grid(static_cast<unsigned>(a.num_tiles * a.slices), a.w2 != nullptr && !a.swiglu ? 2u : 1u);
     auto kernel = a.swiglu ? algproj_gemv_kernel<cfg.rows, cfg.cols, true> : algproj_gemv_kernel<cfg.rows, cfg.cols, false>;
-    if (a.slices == 1) {
-      kernel<<<grid, kGemvThreads, 0, stream>>>(a);
-      QV_CUDA_CHECK(cudaGetLastError());
-      return;
-    }
+    cudaLaunchAttribute attrs[2]{};
+    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[0].val.programmaticStreamSerializationAllowed = 1;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;  // only for clusters: it costs ~0.5 µs
+    attrs[1].val.clusterDim.x = static_cast<unsigned>(a.slices);
+    attrs[1].val.clusterDim.y = attrs[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t launch{};
     launch.gridDim = grid;
     launch.blockDim = dim3(kGemvThreads);
     launch.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(a.slices);
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    launch.attrs = &cluster;
-    launch.numAttrs = 1;
+    launch.attrs = attrs;
+    launch.numAttrs = a.slices > 1 ? 2 : 1;
     QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, a));
   };
   ((config == I ? one(std::integral_constant<int, I>{}) : void()), ...);

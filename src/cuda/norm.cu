@@ -5,6 +5,7 @@
 
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
+#include "cuda/pdl.cuh"
 
 namespace quiver::cuda::detail {
 namespace {
@@ -25,6 +26,7 @@ template <typename W, bool kLayer, int kStep>
 __global__ void __launch_bounds__(32 * kRowWarps)
     norm_forward_kernel(const uint16_t* x, const W* weight, const W* bias, float eps, int64_t rows,
                         int64_t width, uint16_t* y, float* mean_out, float* rstd_out) {
+  pdl_trigger();  // the projection after it may launch (pdl.cuh)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (row >= rows) return;
   const int64_t first = static_cast<int64_t>(threadIdx.x % 32) * kStep, stride = 32 * kStep;
