@@ -7,7 +7,15 @@ SDPA takes [B, H, T, Dh]; the FlashAttention backend is forced where it accepts 
 the memory-efficient backend, then the math backend; the backend that ran is printed. Times are
 medians of timed trials with CUDA events after warm-up.
 
-Usage: python3 bench/peer_attention.py [--trials 10]
+--relation adds the materialized Relation of SPEC 2.1 (PyTorch autograd over the full [T, T]
+flow per head: U = p1 p2^T / sqrt(Dh) by a bf16 matmul, then in fp32 S_p = sigmoid(U_pp / 2),
+E = SiLU(U), R = E - lambda log(p+1) below the diagonal, S_p on it, softmax, and F Ĩ by a bf16
+matmul; gradients for p1, p2, Ĩ and lambda) at the three FlashRelation scales: the peer of
+issue 7's "at least 10x the materialized reference", in the same run as SDPA. Before timing it
+checks its materialized flow against the factorized form (A_p, g_p, the strict-history softmax)
+in float64 on a small shape.
+
+Usage: python3 bench/peer_attention.py [--trials 10] [--relation]
 """
 
 import argparse
@@ -70,9 +78,74 @@ def time_shape(B, T, H, Dh, trials):
     raise RuntimeError(f"no SDPA backend ran shape {(B, T, H, Dh)}")
 
 
+def relation_materialized(p1, p2, v, lam):
+    """Y of SPEC 2.1 with the whole flow F materialized; p1, p2, v [B, H, T, Dh]."""
+    T, Dh = p1.shape[-2], p1.shape[-1]
+    u = torch.matmul(p1, p2.transpose(-1, -2)).float() / Dh**0.5
+    pos = torch.arange(T, device=p1.device)
+    hist = pos[None, :] < pos[:, None]  # j < p
+    diag = pos[None, :] == pos[:, None]
+    self_gate = torch.sigmoid(torch.diagonal(u, dim1=-2, dim2=-1) / 2.0)
+    bias = lam * torch.log(pos.to(torch.float32) + 1.0)[:, None]
+    r = torch.where(hist, F.silu(u) - bias, torch.full_like(u, float("-inf")))
+    r = torch.where(diag, self_gate[..., :, None].expand_as(u), r)
+    flow = torch.softmax(r, dim=-1)
+    return torch.matmul(flow.to(v.dtype), v)
+
+
+def relation_factorized(p1, p2, v, lam):
+    """The same Y by the exact factorization of SPEC 2.1 (A_p, g_p, Ī_p), for the check."""
+    T, Dh = p1.shape[-2], p1.shape[-1]
+    u = torch.matmul(p1, p2.transpose(-1, -2)) / Dh**0.5
+    pos = torch.arange(T, device=p1.device)
+    hist = pos[None, :] < pos[:, None]
+    e = torch.where(hist, F.silu(u), torch.full_like(u, float("-inf")))
+    s = torch.sigmoid(torch.diagonal(u, dim1=-2, dim2=-1) / 2.0)
+    lse = torch.logsumexp(e, dim=-1)  # -inf at p = 0
+    a = lse - lam * torch.log(pos.to(u.dtype) + 1.0)
+    g = torch.where(pos > 0, torch.sigmoid(a - s), torch.zeros_like(a))
+    w = torch.softmax(torch.where(hist, e, torch.full_like(e, -1e300)), dim=-1)
+    w = torch.where(pos[:, None] > 0, w, torch.zeros_like(w))
+    return (1 - g)[..., None] * v + g[..., None] * torch.matmul(w, v)
+
+
+def check_relation():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    p1, p2, v = (torch.empty(2, 3, 77, 16, device="cuda", dtype=torch.float64).uniform_(-2, 2, generator=gen)
+                 for _ in range(3))
+    lam = torch.tensor(0.5, device="cuda", dtype=torch.float64)
+    y, ref = relation_materialized(p1, p2, v, lam), relation_factorized(p1, p2, v, lam)
+    err = ((y - ref).norm() / ref.norm()).item()
+    if not err < 1e-5:  # the materialized softmax runs in fp32
+        raise SystemExit(f"materialized Relation differs from the factorized form: rel. error {err:.3e}")
+    return err
+
+
+def time_relation(B, T, H, Dh, trials):
+    p1, p2, v = (
+        torch.empty(B, H, T, Dh, device="cuda", dtype=torch.bfloat16).uniform_(-2, 2).requires_grad_()
+        for _ in range(3)
+    )
+    lam = torch.tensor(0.5, device="cuda", requires_grad=True)
+    dy = torch.empty(B, H, T, Dh, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+
+    def forward():
+        with torch.no_grad():
+            relation_materialized(p1, p2, v, lam)
+
+    def forward_backward():
+        y = relation_materialized(p1, p2, v, lam)
+        torch.autograd.backward(y, dy)
+        p1.grad = p2.grad = v.grad = lam.grad = None
+
+    return median_ms(forward, trials), median_ms(forward_backward, trials)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--relation", action="store_true",
+                        help="also time the materialized Relation (SPEC 2.1) at the three Relation scales")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"{'shape (B, T, H, Dh)':<26} {'backend':>9} {'fwd ms':>10} {'fwd tok/s':>14} "
@@ -82,6 +155,13 @@ def main():
         tokens = B * T
         print(f"({B:3d}, {T:4d}, {H:2d}, {Dh:3d})        {name:>9} {fwd:10.3f} "
               f"{tokens / (fwd * 1e-3):14.3e} {both:12.3f} {tokens / (both * 1e-3):14.3e}")
+    if args.relation:
+        print(f"materialized Relation against its factorized form (float64): rel. error {check_relation():.2e}")
+        for B, T, H, Dh in SHAPES[:3]:
+            fwd, both = time_relation(B, T, H, Dh, args.trials)
+            tokens = B * T
+            print(f"({B:3d}, {T:4d}, {H:2d}, {Dh:3d})     relation {fwd:10.3f} "
+                  f"{tokens / (fwd * 1e-3):14.3e} {both:12.3f} {tokens / (both * 1e-3):14.3e}")
 
 
 if __name__ == "__main__":
