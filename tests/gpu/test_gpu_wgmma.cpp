@@ -1,6 +1,7 @@
 // The wgmma building blocks (src/cuda/wgmma.cuh) against a float64 reference: descriptors, the
 // panel layouts and their swizzles, and the fragment layouts, for the operand arrangements the
-// kernels use, at every panel layout.
+// kernels use, at every panel layout; and tiles loaded by the tensor memory accelerator
+// (src/cuda/tma.cuh), bit for bit and as wgmma operands.
 // Inputs are bf16, products exact in fp32, sums in fp32: the tolerance is fp32 summation error.
 #include <gtest/gtest.h>
 
@@ -122,4 +123,56 @@ TEST(GpuWgmma, MnMajorOperandsInSharedMemory) {
     wgmma_mn_major(run.a, run.b, run.c, n);
     EXPECT_LT(relative_error(run.result(), ref), kTol);
   }
+}
+
+// A 64-row tile at column offset k of a [100, 2k] matrix, rows 64..127 (28 past the end): the
+// loaded panels hold the matrix's bits where Panels<k>::offset says, zeros past the end.
+TEST(GpuTma, TilesLandInThePanelLayout) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kRows = 100;
+  constexpr int kRow0 = 64;
+  for (int k : kProbeWidths) {
+    SCOPED_TRACE(testing::Message() << "k " << k);
+    Rng rng(110 + k);
+    const int64_t cols = 2 * k;
+    const Operand m = random_operand(kRows * cols, rng);
+    std::vector<uint16_t> expect(64 * k, 0);
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < k; ++c)
+        if (kRow0 + r < kRows) expect[r * k + c] = m.bits[(kRow0 + r) * cols + k + c];
+    uint16_t *dm = nullptr, *dout = nullptr;
+    QV_CUDA_CHECK(cudaMalloc(&dm, m.bits.size() * 2));
+    QV_CUDA_CHECK(cudaMalloc(&dout, expect.size() * 2));
+    QV_CUDA_CHECK(cudaMemcpy(dm, m.bits.data(), m.bits.size() * 2, cudaMemcpyHostToDevice));
+    QV_CUDA_CHECK(cudaMemset(dout, 0xFF, expect.size() * 2));
+    tma_tile(dm, kRows, cols, kRow0, k, dout, k);
+    std::vector<uint16_t> got(expect.size());
+    QV_CUDA_CHECK(cudaDeviceSynchronize());
+    QV_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
+    cudaFree(dm);
+    cudaFree(dout);
+    EXPECT_EQ(got, expect);
+  }
+}
+
+// S = A Bᵀ from two TMA-loaded tiles of [100, k] matrices, rows 36..99 (all inside) and 64..127
+// (the last 28 zero-filled): against float64.
+TEST(GpuTma, LoadedTilesAreWgmmaOperands) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kRows = 100;
+  for (int k : kProbeWidths)
+    for (int row0 : {36, 64}) {
+      SCOPED_TRACE(testing::Message() << "k " << k << ", row0 " << row0);
+      Rng rng(130 + k + row0);
+      const Operand a = random_operand(kRows * k, rng), b = random_operand(kRows * k, rng);
+      std::vector<double> ref(64 * 64, 0.0);
+      for (int i = 0; i < 64; ++i)
+        for (int j = 0; j < 64; ++j)
+          if (row0 + i < kRows && row0 + j < kRows)
+            for (int kk = 0; kk < k; ++kk)
+              ref[i * 64 + j] += a.values[(row0 + i) * k + kk] * b.values[(row0 + j) * k + kk];
+      DeviceProduct run(a, b);
+      tma_k_major(run.a, run.b, kRows, row0, run.c, k);
+      EXPECT_LT(relative_error(run.result(), ref), kTol);
+    }
 }

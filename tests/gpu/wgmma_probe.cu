@@ -4,6 +4,8 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/tma.cuh"
+#include "cuda/tma.h"
 #include "cuda/wgmma.cuh"
 
 namespace quiver::gpu_testing {
@@ -90,6 +92,53 @@ __global__ void __launch_bounds__(128) mn_major_kernel(const uint16_t* a, const 
   store_accumulators<N>(d, c);
 }
 
+// The 64-row tile at (row0, col0) of `map` (boxes of one panel) into `tile`: thread 0 arms the
+// barrier and issues one load per panel; everyone waits for phase 0.
+template <int kCols>
+__device__ void tma_load_tile(unsigned char* tile, const CUtensorMap* map, uint64_t* bar, int row0, int col0) {
+  using P = wg::Panels<kCols>;
+  namespace tma = cuda::detail::tma;
+  if (threadIdx.x == 0) {
+    tma::init(bar, 1);
+    tma::fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tma::arrive_expect(bar, P::kBytes);
+    for (uint32_t p = 0; p < P::kBytes / P::kPanelBytes; ++p)
+      tma::load_2d(tile + p * P::kPanelBytes, map, bar, col0 + static_cast<int>(p) * P::kPanelCols, row0);
+  }
+  tma::wait(bar, 0);
+}
+
+template <int K>
+__global__ void __launch_bounds__(128) tma_tile_kernel(const __grid_constant__ CUtensorMap map, int row0, int col0,
+                                                       uint16_t* out) {
+  using P = wg::Panels<K>;
+  __shared__ __align__(1024) unsigned char tile[P::kBytes];
+  __shared__ uint64_t bar;
+  tma_load_tile<K>(tile, &map, &bar, row0, col0);
+  for (int i = threadIdx.x; i < 64 * K; i += blockDim.x)
+    out[i] = *reinterpret_cast<const uint16_t*>(tile + P::offset(i / K, i % K));
+}
+
+template <int K>
+__global__ void __launch_bounds__(128) tma_k_major_kernel(const __grid_constant__ CUtensorMap map_a,
+                                                          const __grid_constant__ CUtensorMap map_b, int row0, float* c) {
+  using P = wg::Panels<K>;
+  __shared__ __align__(1024) unsigned char as[P::kBytes], bs[P::kBytes];
+  __shared__ uint64_t bars[2];
+  tma_load_tile<K>(as, &map_a, &bars[0], row0, 0);
+  tma_load_tile<K>(bs, &map_b, &bars[1], row0, 0);
+  float d[32] = {};
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) wg::mma<64, 0, 0>(d, P::k_major(as, k0), P::k_major(bs, k0), k0 > 0);
+  wg::commit();
+  wg::wait<0>();
+  store_accumulators<64>(d, c);
+}
+
 // Runs make<W>() for the probe width w.
 template <class Make>
 void for_width(int w, Make make) {
@@ -106,7 +155,23 @@ void for_width(int w, Make make) {
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
+// The map of a [rows, cols] matrix in boxes of one Panels<kCols> panel of 64 rows.
+template <int kCols>
+CUtensorMap panel_map(const uint16_t* m, int64_t rows, int64_t cols) {
+  return cuda::tma_map_bf16(m, rows, cols, cols, 64, wg::Panels<kCols>::kPanelCols);
+}
+
 }  // namespace
+
+void tma_tile(const uint16_t* m, int64_t rows, int64_t cols, int row0, int col0, uint16_t* out, int k) {
+  for_width(k, [&]<int W>() { tma_tile_kernel<W><<<1, 128>>>(panel_map<W>(m, rows, cols), row0, col0, out); });
+}
+
+void tma_k_major(const uint16_t* a, const uint16_t* b, int64_t rows, int row0, float* c, int k) {
+  for_width(k, [&]<int W>() {
+    tma_k_major_kernel<W><<<1, 128>>>(panel_map<W>(a, rows, k), panel_map<W>(b, rows, k), row0, c);
+  });
+}
 
 void wgmma_k_major(const uint16_t* a, const uint16_t* b, float* c, int k) {
   for_width(k, [&]<int W>() { k_major_kernel<W><<<1, 128>>>(a, b, c); });

@@ -1,0 +1,49 @@
+#include "cuda/tma.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include "cuda/check.h"
+#include "quiver/error.h"
+
+namespace quiver::cuda {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    QV_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    QV_CHECK(found == cudaDriverEntryPointSuccess && p != nullptr,
+             "tma: the driver has no cuTensorMapEncodeTiled (needs CUDA 12 or later)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols) {
+  QV_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tma: the matrix must be 16-byte aligned");
+  QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
+           "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
+  QV_CHECK(box_rows >= 1 && box_rows <= 256, "tma: box rows {} outside 1..256", box_rows);
+  const CUtensorMapSwizzle swizzle = box_cols == 16   ? CU_TENSOR_MAP_SWIZZLE_32B
+                                     : box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                     : box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                      : CU_TENSOR_MAP_SWIZZLE_NONE;
+  QV_CHECK(swizzle != CU_TENSOR_MAP_SWIZZLE_NONE, "tma: box columns {} (must be 16, 32 or 64)", box_cols);
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};  // bytes between rows
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+                               steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QV_CHECK(r == CUDA_SUCCESS, "tma: cuTensorMapEncodeTiled failed ({}) for a [{}, {}] matrix, ld {}, box {} x {}",
+           static_cast<int>(r), rows, cols, ld, box_rows, box_cols);
+  return map;
+}
+
+}  // namespace quiver::cuda

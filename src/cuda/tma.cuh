@@ -1,0 +1,50 @@
+// The device side of the tensor memory accelerator (sm_90): boxes of a matrix described by a
+// CUtensorMap (cuda/tma.h) copied into shared memory, and the mbarriers that count the bytes of
+// a stage's copies. Protocol of one stage: one thread initializes the barrier (count 1) and
+// everyone syncs; per use, one thread arms it with the stage's total bytes (expect_tx) and
+// issues the loads; the consumers wait for the phase, which flips once all bytes have landed.
+// With the 32-, 64- or 128-byte swizzle of its map, a box of 16-, 32- or 64-column rows lands in
+// exactly the layout of a wgmma::Panels panel (cuda/wgmma.cuh).
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/mma_ptx.cuh"
+
+namespace quiver::cuda::detail::tma {
+
+__device__ __forceinline__ void init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes initialized barriers visible to the copy engine; then the block syncs.
+__device__ __forceinline__ void fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// One arrival that also expects `bytes` more of copies before the phase completes.
+__device__ __forceinline__ void arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the barrier's phase with parity `phase` (0, 1, 0, ... per use) has completed.
+__device__ __forceinline__ void wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+}
+
+// The box at column c0, row r0 of `map` into `dst` (1024-byte aligned for the 128-byte swizzle),
+// its bytes counted on `bar`.
+__device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int r0) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(smem_addr(bar))
+      : "memory");
+}
+
+}  // namespace quiver::cuda::detail::tma

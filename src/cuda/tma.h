@@ -1,0 +1,18 @@
+// Tensor-memory-accelerator descriptors (sm_90) for bf16 matrices, built on the host. The
+// device side (the loads into shared memory and the mbarriers that count their bytes) is in
+// cuda/tma.cuh. The driver's encoder is reached through the runtime, so nothing links libcuda.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace quiver::cuda {
+
+// A row-major bf16 matrix [rows, cols] at `base` (16-byte aligned) with `ld` elements between
+// rows (a multiple of 8), loaded as boxes of box_rows (1..256) × box_cols elements into shared
+// memory with the swizzle of box_cols-wide rows: box_cols 16, 32 or 64 (32-, 64-, 128-byte
+// rows, the modes of wgmma::Panels). Elements outside the matrix arrive as zeros. Pass it to a
+// kernel as a `const __grid_constant__ CUtensorMap`.
+CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols);
+
+}  // namespace quiver::cuda
