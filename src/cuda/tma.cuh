@@ -26,15 +26,20 @@ __device__ __forceinline__ void arrive_expect(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 
-// Waits until the barrier's phase with parity `phase` (0, 1, 0, ... per use) has completed.
-__device__ __forceinline__ void wait(uint64_t* bar, uint32_t phase) {
+// Whether the barrier's phase with parity `phase` (0, 1, 0, ... per use) has completed (after
+// a bounded time the hardware may suspend the thread in).
+__device__ __forceinline__ bool try_wait(uint64_t* bar, uint32_t phase) {
   uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void wait(uint64_t* bar, uint32_t phase) {
+  while (!try_wait(bar, phase)) {
+  }
 }
 
 // The box at column c0, row r0 of `map` into `dst` (1024-byte aligned for the 128-byte swizzle),

@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(128) mn_major_kernel(const uint16_t* a, const 
 }
 
 // The 64-row tile at (row0, col0) of `map` (boxes of one panel) into `tile`: thread 0 arms the
-// barrier and issues one load per panel; everyone waits for phase 0.
+// barrier and issues one load per panel; everyone waits for phase 0, a bounded number of tries
+// (a wrong byte count traps instead of hanging the test).
 template <int kCols>
 __device__ void tma_load_tile(unsigned char* tile, const CUtensorMap* map, uint64_t* bar, int row0, int col0) {
   using P = wg::Panels<kCols>;
@@ -108,7 +109,8 @@ __device__ void tma_load_tile(unsigned char* tile, const CUtensorMap* map, uint6
     for (uint32_t p = 0; p < P::kBytes / P::kPanelBytes; ++p)
       tma::load_2d(tile + p * P::kPanelBytes, map, bar, col0 + static_cast<int>(p) * P::kPanelCols, row0);
   }
-  tma::wait(bar, 0);
+  for (int tries = 0; !tma::try_wait(bar, 0); ++tries)
+    if (tries > (1 << 22)) __trap();
 }
 
 template <int K>
