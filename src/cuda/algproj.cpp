@@ -17,6 +17,7 @@
 #include "cuda/elementwise_launch.h"
 #include "cuda/gemm.h"
 #include "cuda/model_launch.h"
+#include "cuda/tma.h"
 #include "quiver/error.h"
 
 namespace quiver::cuda {
@@ -276,6 +277,25 @@ const detail::AlgKernelConfig& kernel_config(ops::AlgPass pass, int config) {
 
 bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (2 * vec) == 0; }
 
+// The row stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (the
+// TMA forward reads them as one box of a strided view of x; rows M a multiple of s), segments of
+// multiples of 16 long; 0 where the plan has no such stride.
+int tma_row_stride(const ops::AlgRowPlan& p, int64_t M) {
+  int stride = 0;
+  for (const ops::AlgRowTile& t : p.tiles) {
+    if (t.row_count < 2) continue;
+    const int s = p.rows[t.row_begin + 1] - p.rows[t.row_begin];
+    if (s < 1 || (stride != 0 && s != stride)) return 0;
+    stride = s;
+    for (int i = 2; i < t.row_count; ++i)
+      if (p.rows[t.row_begin + i] - p.rows[t.row_begin + i - 1] != s) return 0;
+  }
+  if (stride == 0) stride = 1;
+  for (const ops::AlgSegment& sg : p.segments)
+    if (sg.len % 16 != 0) return 0;
+  return M % stride == 0 ? stride : 0;
+}
+
 }  // namespace
 
 std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
@@ -283,6 +303,9 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Gemv)
     return fmt::format("gemv {}x{}{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols,
                        k.split ? " split" : "");
+  if (k.kind == AlgKernel::Kind::Tma)
+    return fmt::format("tma {}x{} k{}x{}", detail::kAlgTmaRows, detail::kAlgTmaConfigs[k.config].cols,
+                       detail::kAlgTmaChunk, detail::kAlgTmaConfigs[k.config].stages);
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
 }
@@ -294,11 +317,13 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
     out.push_back({AlgKernel::Kind::Fused, c});
     if (pass == ops::AlgPass::DW) out.push_back({AlgKernel::Kind::Fused, c, true});
   }
-  if (pass == ops::AlgPass::Forward)
+  if (pass == ops::AlgPass::Forward) {
     for (int c = 0; c < detail::kAlgGemvConfigCount; ++c) {
       out.push_back({AlgKernel::Kind::Gemv, c});
       out.push_back({AlgKernel::Kind::Gemv, c, true});
     }
+    for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) out.push_back({AlgKernel::Kind::Tma, c});
+  }
   return out;
 }
 
@@ -324,6 +349,9 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   if (kernel.kind == AlgKernel::Kind::Gemv) {
     tile_rows = detail::kAlgGemvConfigs[kernel.config].rows;
     tile_cols = detail::kAlgGemvConfigs[kernel.config].cols;
+  } else if (kernel.kind == AlgKernel::Kind::Tma) {
+    tile_rows = detail::kAlgTmaRows;
+    tile_cols = detail::kAlgTmaConfigs[kernel.config].cols;
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;
     tile_cols = kernel_config(pass, kernel.config).cols;
@@ -353,7 +381,10 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
       d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
                                  Device::CUDA);
   } else {
-    const ops::AlgRowPlan p = ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols);
+    // The TMA forward has no reduction pass: its plans are not split.
+    const ops::AlgRowPlan p =
+        ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
+    if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = tma_row_stride(p, static_cast<int64_t>(types.size()));
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -424,6 +455,25 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     }
     return;
   }
+  if (kernel.kind == AlgKernel::Kind::Tma) {
+    QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
+             "algproj: the TMA forward needs each tile's rows in one progression of one stride (cyclic or "
+             "interval row types, M a multiple of the stride) and segments of multiples of 16");
+    const int64_t M = static_cast<int64_t>(types.size());
+    detail::AlgTmaArgs t{};
+    t.x = tma_map_bf16(a.raw(), M, K(), K(), detail::kAlgTmaRows, detail::kAlgTmaChunk, d.tma_stride);
+    t.w = tma_map_bf16(w.raw(), K(), N(), N(), detail::kAlgTmaChunk, 64);
+    t.row_stride = d.tma_stride;
+    t.rows = d.rows;
+    t.tiles = static_cast<const ops::AlgRowTile*>(d.tiles);
+    t.segments = d.segments;
+    t.num_tiles = d.num_tiles;
+    t.c = static_cast<uint16_t*>(out.raw());
+    t.ldc = N();
+    t.accumulate = accumulate;
+    detail::launch_algproj_tma(t, kernel.config, stream);
+    return;
+  }
   detail::AlgRowArgs args{};
   args.a = static_cast<const uint16_t*>(a.raw());
   args.lda = pass == ops::AlgPass::Forward ? K() : N();
@@ -476,6 +526,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
              "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
     QV_CHECK(pin->kind != AlgKernel::Kind::Gemv || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
              "algproj: the few-row kernel runs the forward only, with group offsets that are multiples of 8");
+    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
+             "algproj: the TMA kernel runs the forward only, with group offsets that are multiples of 8");
     return *pin;
   }
   // Tensors not aligned for the fused copies (views into a packed buffer, say) use the products.
@@ -499,6 +551,10 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       } else if (kind == "gemv" && pass == ops::AlgPass::Forward && fused_vec_ == 8 && config >= 0 &&
                  config < detail::kAlgGemvConfigCount) {
         best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
+        known = true;
+      } else if (kind == "tma" && pass == ops::AlgPass::Forward && fused_vec_ == 8 && config >= 0 &&
+                 config < detail::kAlgTmaConfigCount && plan(pass, {AlgKernel::Kind::Tma, config}, types, stream).tma_stride > 0) {
+        best = {AlgKernel::Kind::Tma, config};
         known = true;
       }
     } catch (const std::exception&) {
@@ -528,6 +584,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     for (const AlgKernel& k : kernel_candidates(pass)) {
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
+      // The TMA forward: 16-byte aligned tensors (fused_vec_ 8) and a plan its boxes can read.
+      if (k.kind == AlgKernel::Kind::Tma && (fused_vec_ != 8 || plan(pass, k, types, stream).tma_stride == 0)) continue;
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {
         const DevicePlan& d = plan(pass, k, types, stream);
@@ -564,7 +622,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     });
     const char* kind = best.kind == AlgKernel::Kind::Products ? "products"
                        : best.kind == AlgKernel::Kind::Fused  ? "fused"
-                                                              : "gemv";
+                       : best.kind == AlgKernel::Kind::Gemv   ? "gemv"
+                                                              : "tma";
     kernel_cache().store(key, {{"kernel", kind},
                             {"config", best.config},
                             {"split", best.split},

@@ -66,9 +66,10 @@ namespace quiver::cuda {
 
 // One pass's kernel: the products schedule, the fused tensor-core kernel with configuration
 // `config` (an index into the pass's table, algproj_fused_launch.h), or (forward only) the
-// few-row kernel with configuration `config` of kAlgGemvConfigs.
+// few-row kernel with configuration `config` of kAlgGemvConfigs, or the Hopper (TMA and
+// wgmma) kernel with configuration `config` of kAlgTmaConfigs.
 struct AlgKernel {
-  enum class Kind { Products, Fused, Gemv };
+  enum class Kind { Products, Fused, Gemv, Tma };
   Kind kind = Kind::Fused;
   int config = 0;
   // Extra splitting that pays at some shapes and costs at others, so calibration times both: for
@@ -121,7 +122,7 @@ class AlgProj {
                 cudaStream_t stream = 0, bool accumulate_dw = false) const;
 
   // The kernels calibration times for a pass: the fused configurations (and, forward, the
-  // few-row kernels). The products schedule is not among them: it adds several GEMMs into one
+  // few-row and the TMA kernels, each where it applies). The products schedule is not among them: it adds several GEMMs into one
   // output element (not one owner), so it runs only where the fused kernels cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
   // Whether the fused kernels apply to these widths (every group offset even).
@@ -170,6 +171,7 @@ class AlgProj {
     int num_splits = 0, slot_rows = 0, slot_cols = 0;
     Tensor partials;
     int slices = 1;  // the few-row kernel's blocks per tile (AlgRowArgs::slices)
+    int tma_stride = 0;  // the TMA forward's row stride (AlgTmaArgs::row_stride); 0: it cannot run the plan
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives
   };
   const DevicePlan& plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,

@@ -9,6 +9,7 @@
 // copies); every column offset, width and leading dimension of the call must be a multiple
 // of it, and the pointers aligned to 2·vec bytes.
 #pragma once
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,6 +45,31 @@ struct AlgGemvConfig {
 };
 constexpr AlgGemvConfig kAlgGemvConfigs[] = {{1, 64}, {1, 32}, {2, 64}, {4, 64}, {8, 64}, {8, 32}};
 constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvConfigs[0]);
+
+// The Hopper forward (algproj_tma.cu): 64-row tiles of `cols` output columns whose x and W
+// boxes a producer warp loads by TMA into a ring of `stages` 64-deep chunks, consumed by one
+// warpgroup's wgmma. Plans whose tiles' rows are progressions of one stride (cyclic or interval
+// types), whose segments are multiples of 16 long, and tensors 16-byte aligned with K and N
+// multiples of 8 (AlgProj checks).
+struct AlgTmaConfig {
+  int cols, stages;
+};
+constexpr AlgTmaConfig kAlgTmaConfigs[] = {{128, 4}, {64, 6}};
+constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
+inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
+
+struct AlgTmaArgs {
+  CUtensorMap x;  // x [M, K]: boxes {64 k, 64 rows} (row_stride 1) or {64 k, 1, 64 rows} of rows t + s i
+  CUtensorMap w;  // W [K, N]: boxes {64 n, 64 k}
+  int row_stride;
+  const int32_t* rows;  // device copies of an ops::AlgRowPlan without splits
+  const ops::AlgRowTile* tiles;
+  const ops::AlgSegment* segments;
+  int num_tiles;
+  uint16_t* c;  // [M, ldc] bf16: c = product (+ c when accumulate)
+  int64_t ldc;
+  bool accumulate;
+};
 
 struct AlgRowArgs {
   const uint16_t* a;  // [M, lda] bf16: x (forward) or dy (dX)
@@ -116,6 +142,8 @@ void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 // The forward over a plan with at most kAlgGemvConfigs[config].rows rows per tile; needs vec 8.
 // A plan with splits needs launch_algproj_reduce after it, as the row pass does.
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
+// The Hopper forward with configuration kAlgTmaConfigs[config].
+void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream);
 // The weight pass; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);
 void launch_algproj_reduce_weights(const AlgWeightReduceArgs& args, cudaStream_t stream);

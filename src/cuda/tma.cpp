@@ -23,7 +23,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 }  // namespace
 
-CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols) {
+CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+                         int64_t row_stride) {
   QV_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tma: the matrix must be 16-byte aligned");
   QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
            "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
@@ -33,14 +34,20 @@ CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t l
                                      : box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B
                                                       : CU_TENSOR_MAP_SWIZZLE_NONE;
   QV_CHECK(swizzle != CU_TENSOR_MAP_SWIZZLE_NONE, "tma: box columns {} (must be 16, 32 or 64)", box_cols);
+  QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
+           row_stride);
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};  // bytes between rows
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t steps[2] = {1, 1};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-                               steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const auto u64 = [](int64_t v) { return static_cast<cuuint64_t>(v); };
+  const auto u32 = [](int v) { return static_cast<cuuint32_t>(v); };
+  // Rank 2 {cols, rows}, or rank 3 {cols, s, rows / s}; strides in bytes past the first dimension.
+  const bool strided = row_stride > 1;
+  const cuuint64_t dims[3] = {u64(cols), strided ? u64(row_stride) : u64(rows), u64(rows / row_stride)};
+  const cuuint64_t strides[2] = {u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
+  const cuuint32_t box[3] = {u32(box_cols), strided ? 1u : u32(box_rows), u32(box_rows)};
+  const cuuint32_t steps[3] = {1, 1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, strided ? 3 : 2, const_cast<void*>(base), dims,
+                               strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   QV_CHECK(r == CUDA_SUCCESS, "tma: cuTensorMapEncodeTiled failed ({}) for a [{}, {}] matrix, ld {}, box {} x {}",
            static_cast<int>(r), rows, cols, ld, box_rows, box_cols);
   return map;

@@ -26,6 +26,11 @@ __device__ __forceinline__ void arrive_expect(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 
+// One arrival (a stage released by its consumers).
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // Whether the barrier's phase with parity `phase` (0, 1, 0, ... per use) has completed (after
 // a bounded time the hardware may suspend the thread in).
 __device__ __forceinline__ bool try_wait(uint64_t* bar, uint32_t phase) {
@@ -49,6 +54,15 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint6
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The box at coordinates (c0, c1, c2) of a rank-3 `map` into `dst`, its bytes counted on `bar`.
+__device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
 

@@ -13,6 +13,10 @@ namespace quiver::cuda {
 // memory with the swizzle of box_cols-wide rows: box_cols 16, 32 or 64 (32-, 64-, 128-byte
 // rows, the modes of wgmma::Panels). Elements outside the matrix arrive as zeros. Pass it to a
 // kernel as a `const __grid_constant__ CUtensorMap`.
-CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols);
+// row_stride s > 1: the rows r = c1 + s c2 as a rank-3 map {cols, s, rows / s} (rows a multiple
+// of s), whose boxes {box_cols, 1, box_rows} at (c0, c1, c2) hold the rows c1 + s (c2 + i), i <
+// box_rows, in the same layout: a cyclic row type's rows as one box.
+CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+                         int64_t row_stride = 1);
 
 }  // namespace quiver::cuda

@@ -484,3 +484,39 @@ TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
     }
   }
 }
+
+TEST(GpuAlgProj, TmaForwardEveryConfig) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The Hopper forward pinned, each configuration: strided (cyclic) and contiguous (interval)
+  // rows with partial tiles, one decode row, group widths 80 and 160 (chunks past a segment's
+  // end), several output tiles per group; dX and dW calibrated.
+  const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384}, dense{"dense:4", {}, {}, 256, 320},
+      graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}};
+  int configs = 0;
+  for (const AlgKernel& k : cuda::AlgProj::kernel_candidates(ops::AlgPass::Forward))
+    configs += k.kind == AlgKernel::Kind::Tma;
+  ASSERT_GE(configs, 1);
+  for (int c = 0; c < configs; ++c) {
+    SCOPED_TRACE("tma config " + std::to_string(c));
+    const cuda::AlgProj::Kernels k{AlgKernel{AlgKernel::Kind::Tma, c}, std::nullopt, std::nullopt};
+    for (const Case* cs : {&q4, &q2x2, &dense, &graph, &unequal}) {
+      check_case(*cs, make_types(Sched::Cyclic, 260, 4, 1), 401 + c, k);
+      check_case(*cs, make_types(Sched::Interval, 300, 4, 2), 411 + c, k);
+      check_case(*cs, {2}, 421 + c, k);
+    }
+  }
+  // Rows it cannot read as boxes: a clear error, not a wrong result.
+  cuda::AlgProj gpu(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 512));
+  gpu.set_kernels({AlgKernel{AlgKernel::Kind::Tma, 0}, std::nullopt, std::nullopt});
+  const int64_t M = 37;
+  const Tensor x = Tensor::empty({M, 320}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::empty({320, 512}, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty({M, 512}, DType::BF16, Device::CUDA);
+  try {
+    gpu.forward(x, w, make_types(Sched::Random, M, 4, 3), y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TMA forward needs"), std::string::npos) << e.what();
+  }
+}

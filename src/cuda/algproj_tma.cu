@@ -1,0 +1,165 @@
+// The algebraic projection's Hopper forward (algproj_fused_launch.h: AlgTmaArgs). One block per
+// tile (64 rows of one row class × BN output columns): warp 4 is the producer, whose lane 0
+// walks the tile's segments in 64-deep chunks and, per chunk, waits for a free stage of the
+// ring, arms its full barrier with the chunk's bytes and issues two TMA loads: the x box (the
+// tile's rows as one box of a strided view of x, k0 .. k0 + 63) and the W box (rows k0 .. k0 +
+// 63, the tile's columns, one box per 64-column panel). Warps 0-3, one warpgroup, wait for the
+// stage, run the chunk's four k16 steps as wgmma m64nBNk16 (x K-major, W MN-major, both 128-byte
+// swizzled as TMA wrote them), keep one chunk's products in flight and release the stage
+// before it to the producer. A chunk past a segment's end has the rest of its box (the next
+// group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the old value
+// when accumulating).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/algproj_fused_launch.h"
+#include "cuda/check.h"
+#include "cuda/mma_ptx.cuh"
+#include "cuda/tma.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace quiver::cuda::detail {
+namespace {
+
+constexpr int kConsumers = 128, kTmaThreads = kConsumers + 32;
+
+template <int BN, int kStages>
+struct TmaLayout {
+  using A = wgmma::Panels<kAlgTmaChunk>;  // x chunk: 64 rows × 64 k
+  using B = wgmma::Panels<BN>;            // W chunk: 64 k × BN columns
+  static constexpr uint32_t kStageBytes = A::kBytes + B::kBytes;
+  static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t);
+};
+
+// A chunk that runs past its segment's end (valid < 64 of its k): the consumers zero x's columns
+// and W's rows from `valid` on, so that the chunk's four k16 steps add nothing of the next group
+// (unconditional steps: a data-dependent count would serialize the wgmma).
+template <int BN>
+__device__ __forceinline__ void zero_past(unsigned char* a, unsigned char* b, int valid) {
+  using A = wgmma::Panels<kAlgTmaChunk>;
+  using B = wgmma::Panels<BN>;
+  const int width = kAlgTmaChunk - valid;
+  for (int e = threadIdx.x; e < kAlgTmaRows * width; e += kConsumers)
+    *reinterpret_cast<uint16_t*>(a + A::offset(e / width, valid + e % width)) = 0;
+  for (int e = threadIdx.x; e < width * (BN / 8); e += kConsumers)
+    *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
+  fence_proxy_async_shared();                           // the tensor cores read them next
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers));  // the consumer warpgroup only
+}
+
+template <int BN, int kStages>
+__global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
+  using L = TmaLayout<BN, kStages>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  auto a_tile = [&](int s) { return base + s * L::kStageBytes; };
+  auto b_tile = [&](int s) { return base + s * L::kStageBytes + L::A::kBytes; };
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages * L::kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const ops::AlgRowTile t = p.tiles[blockIdx.x];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::init(&full[s], 1);
+      tma::init(&empty[s], 1);
+    }
+    tma::fence_init();
+  }
+  __syncthreads();
+  const int r_first = p.rows[t.row_begin];
+
+  if (warp == kConsumers / 32) {  // the producer
+    if (lane != 0) return;
+    const int s_rows = p.row_stride, cls = r_first % s_rows, i0 = r_first / s_rows;
+    int c = 0;
+    for (int sg = 0; sg < t.seg_count; ++sg) {
+      const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
+      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+        const int stage = c % kStages;
+        if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);  // its last chunk was consumed
+        tma::arrive_expect(&full[stage], L::kStageBytes);
+        if (s_rows > 1)
+          tma::load_3d(a_tile(stage), &p.x, &full[stage], k0, cls, i0);
+        else
+          tma::load_2d(a_tile(stage), &p.x, &full[stage], k0, r_first);
+#pragma unroll
+        for (int pn = 0; pn < BN / 64; ++pn)
+          tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+      }
+    }
+    return;
+  }
+
+  float acc[BN / 2] = {};
+  int c = 0, pending = -1;  // the stage whose products are still in flight
+  for (int sg = 0; sg < t.seg_count; ++sg) {
+    const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
+    for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+      const int stage = c % kStages;
+      tma::wait(&full[stage], (c / kStages) & 1);
+      const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+      if (valid < kAlgTmaChunk) zero_past<BN>(a_tile(stage), b_tile(stage), valid);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk)
+        wgmma::mma<BN, 0, 1>(acc, L::A::k_major(a_tile(stage), 16 * kk), L::B::mn_major(b_tile(stage), 16 * kk), true);
+      wgmma::commit();
+      wgmma::wait<1>();  // the previous chunk's products are done: its stage is free
+      if (pending >= 0 && threadIdx.x == 0) tma::arrive(&empty[pending]);
+      pending = stage;
+    }
+  }
+  wgmma::wait<0>();
+
+  // Accumulator (row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → bf16 pairs.
+  const int grp = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * warp + grp + 8 * half;
+    if (i >= t.row_count) continue;
+    uint16_t* out = p.c + static_cast<int64_t>(r_first + p.row_stride * i) * p.ldc + t.col0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = 8 * j + 2 * tig;
+      if (col >= t.ncols) continue;
+      float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
+      if (p.accumulate) {
+        const float2 old = __bfloat1622float2(*dst);
+        v0 += old.x;
+        v1 += old.y;
+      }
+      *dst = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
+template <int I>
+void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
+  constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
+  auto kernel = algproj_tma_kernel<cfg.cols, cfg.stages>;
+  constexpr size_t smem = TmaLayout<cfg.cols, cfg.stages>::kSmem;
+  static const bool opted = [&] {
+    QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return true;
+  }();
+  (void)opted;
+  if (a.num_tiles == 0) return;
+  kernel<<<a.num_tiles, kTmaThreads, smem, stream>>>(a);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int... I>
+void tma_configs(const AlgTmaArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  ((config == I ? tma_config<I>(a, stream) : void()), ...);
+}
+
+}  // namespace
+
+void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream) {
+  tma_configs(args, config, stream, std::make_integer_sequence<int, kAlgTmaConfigCount>{});
+}
+
+}  // namespace quiver::cuda::detail
