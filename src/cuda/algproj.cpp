@@ -322,8 +322,9 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
       out.push_back({AlgKernel::Kind::Gemv, c});
       out.push_back({AlgKernel::Kind::Gemv, c, true});
     }
-    for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) out.push_back({AlgKernel::Kind::Tma, c});
   }
+  if (pass != ops::AlgPass::DW)
+    for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) out.push_back({AlgKernel::Kind::Tma, c});
   return out;
 }
 
@@ -457,19 +458,24 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   }
   if (kernel.kind == AlgKernel::Kind::Tma) {
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
-             "algproj: the TMA forward needs each tile's rows in one progression of one stride (cyclic or "
+             "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
              "interval row types, M a multiple of the stride) and segments of multiples of 16");
     const int64_t M = static_cast<int64_t>(types.size());
+    const bool fwd = pass == ops::AlgPass::Forward;
+    const int cols = detail::kAlgTmaConfigs[kernel.config].cols;
     detail::AlgTmaArgs t{};
-    t.x = tma_map_bf16(a.raw(), M, K(), K(), detail::kAlgTmaRows, detail::kAlgTmaChunk, d.tma_stride);
-    t.w = tma_map_bf16(w.raw(), K(), N(), N(), detail::kAlgTmaChunk, 64);
+    t.x = tma_map_bf16(a.raw(), M, fwd ? K() : N(), fwd ? K() : N(), detail::kAlgTmaRows, detail::kAlgTmaChunk,
+                       d.tma_stride);
+    // Forward: boxes of 64 W rows (k) × one 64-column panel; dX: `cols` W rows (dX columns) × 64 (n).
+    t.w = tma_map_bf16(w.raw(), K(), N(), N(), fwd ? detail::kAlgTmaChunk : cols, 64);
+    t.w_transposed = !fwd;
     t.row_stride = d.tma_stride;
     t.rows = d.rows;
     t.tiles = static_cast<const ops::AlgRowTile*>(d.tiles);
     t.segments = d.segments;
     t.num_tiles = d.num_tiles;
     t.c = static_cast<uint16_t*>(out.raw());
-    t.ldc = N();
+    t.ldc = fwd ? N() : K();
     t.accumulate = accumulate;
     detail::launch_algproj_tma(t, kernel.config, stream);
     return;
@@ -526,8 +532,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
              "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
     QV_CHECK(pin->kind != AlgKernel::Kind::Gemv || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
              "algproj: the few-row kernel runs the forward only, with group offsets that are multiples of 8");
-    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
-             "algproj: the TMA kernel runs the forward only, with group offsets that are multiples of 8");
+    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || (pass != ops::AlgPass::DW && fused_vec_ == 8),
+             "algproj: the TMA kernel runs the forward and dX, with group offsets that are multiples of 8");
     return *pin;
   }
   // Tensors not aligned for the fused copies (views into a packed buffer, say) use the products.
@@ -552,7 +558,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                  config < detail::kAlgGemvConfigCount) {
         best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
         known = true;
-      } else if (kind == "tma" && pass == ops::AlgPass::Forward && fused_vec_ == 8 && config >= 0 &&
+      } else if (kind == "tma" && pass != ops::AlgPass::DW && fused_vec_ == 8 && config >= 0 &&
                  config < detail::kAlgTmaConfigCount && plan(pass, {AlgKernel::Kind::Tma, config}, types, stream).tma_stride > 0) {
         best = {AlgKernel::Kind::Tma, config};
         known = true;
@@ -742,7 +748,7 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
   if (dx && M > 0) {
     const Pass p{false, DY, N, K, W, &k_off_, &n_off_, N};
     auto run = [&](const AlgKernel& k) {
-      if (k.kind == AlgKernel::Kind::Fused) {
+      if (k.kind == AlgKernel::Kind::Fused || k.kind == AlgKernel::Kind::Tma) {
         run_fused(ops::AlgPass::DX, k, dy, w, nullptr, row_types, *dx, false, stream);
         return;
       }

@@ -46,11 +46,11 @@ struct AlgGemvConfig {
 constexpr AlgGemvConfig kAlgGemvConfigs[] = {{1, 64}, {1, 32}, {2, 64}, {4, 64}, {8, 64}, {8, 32}};
 constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvConfigs[0]);
 
-// The Hopper forward (algproj_tma.cu): 64-row tiles of `cols` output columns whose x and W
-// boxes a producer warp loads by TMA into a ring of `stages` 64-deep chunks, consumed by one
-// warpgroup's wgmma. Plans whose tiles' rows are progressions of one stride (cyclic or interval
-// types), whose segments are multiples of 16 long, and tensors 16-byte aligned with K and N
-// multiples of 8 (AlgProj checks).
+// The Hopper row pass, forward and dX (algproj_tma.cu): 64-row tiles of `cols` output columns
+// whose A (x or dY) and W boxes a producer warp loads by TMA into a ring of `stages` 64-deep
+// chunks, consumed by one warpgroup's wgmma. Plans whose tiles' rows are progressions of one
+// stride (cyclic or interval types), whose segments are multiples of 16 long, and tensors
+// 16-byte aligned with K and N multiples of 8 (AlgProj checks).
 struct AlgTmaConfig {
   int cols, stages;
 };
@@ -59,8 +59,12 @@ constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfig
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 
 struct AlgTmaArgs {
-  CUtensorMap x;  // x [M, K]: boxes {64 k, 64 rows} (row_stride 1) or {64 k, 1, 64 rows} of rows t + s i
-  CUtensorMap w;  // W [K, N]: boxes {64 n, 64 k}
+  // A: x [M, K] (forward) or dY [M, N] (dX), boxes {64, 64 rows} (row_stride 1) or
+  // {64, 1, 64 rows} of the rows t + s i.
+  CUtensorMap x;
+  // W [K, N]: boxes {64 n, 64 k} (forward) or {64 n, cols k} (dX, w_transposed).
+  CUtensorMap w;
+  bool w_transposed;
   int row_stride;
   const int32_t* rows;  // device copies of an ops::AlgRowPlan without splits
   const ops::AlgRowTile* tiles;
@@ -142,7 +146,7 @@ void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 // The forward over a plan with at most kAlgGemvConfigs[config].rows rows per tile; needs vec 8.
 // A plan with splits needs launch_algproj_reduce after it, as the row pass does.
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
-// The Hopper forward with configuration kAlgTmaConfigs[config].
+// The Hopper row pass with configuration kAlgTmaConfigs[config].
 void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream);
 // The weight pass; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);

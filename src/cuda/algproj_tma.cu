@@ -1,12 +1,14 @@
-// The algebraic projection's Hopper forward (algproj_fused_launch.h: AlgTmaArgs). One block per
-// tile (64 rows of one row class × BN output columns): warp 4 is the producer, whose lane 0
-// walks the tile's segments in 64-deep chunks and, per chunk, waits for a free stage of the
-// ring, arms its full barrier with the chunk's bytes and issues two TMA loads: the x box (the
-// tile's rows as one box of a strided view of x, k0 .. k0 + 63) and the W box (rows k0 .. k0 +
-// 63, the tile's columns, one box per 64-column panel). Warps 0-3, one warpgroup, wait for the
-// stage, run the chunk's four k16 steps as wgmma m64nBNk16 (x K-major, W MN-major, both 128-byte
-// swizzled as TMA wrote them), keep one chunk's products in flight and release the stage
-// before it to the producer. A chunk past a segment's end has the rest of its box (the next
+// The algebraic projection's Hopper row pass, forward and dX (algproj_fused_launch.h:
+// AlgTmaArgs). One block per tile (64 rows of one row class × BN output columns): warp 4 is the
+// producer, whose lane 0 walks the tile's segments in 64-deep chunks and, per chunk, waits for a
+// free stage of the ring, arms its full barrier with the chunk's bytes and issues two TMA loads:
+// the A box (the tile's rows of x, or of dY for dX, as one box of a strided view, reduction
+// columns k0 .. k0 + 63) and the W box: forward, W rows k0 .. k0 + 63 and the tile's columns (one
+// box per 64-column panel, MN-major); dX (kTransW), W rows = the tile's dX columns, W columns
+// k0 .. k0 + 63 (one box of BN 128-byte rows, K-major). Warps 0-3, one warpgroup, wait for the
+// stage, run the chunk's four k16 steps as wgmma m64nBNk16 (both operands 128-byte swizzled as
+// TMA wrote them), keep one chunk's products in flight and release the stage before it to the
+// producer. A chunk past a segment's end has the rest of its box (the next
 // group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the old value
 // when accumulating).
 #include <cuda_bf16.h>
@@ -26,29 +28,37 @@ constexpr int kConsumers = 128, kTmaThreads = kConsumers + 32;
 
 template <int BN, int kStages>
 struct TmaLayout {
-  using A = wgmma::Panels<kAlgTmaChunk>;  // x chunk: 64 rows × 64 k
-  using B = wgmma::Panels<BN>;            // W chunk: 64 k × BN columns
-  static constexpr uint32_t kStageBytes = A::kBytes + B::kBytes;
+  using A = wgmma::Panels<kAlgTmaChunk>;  // A chunk: 64 rows × 64 k (K-major)
+  using B = wgmma::Panels<BN>;            // forward W chunk: 64 k × BN columns (MN-major)
+  // dX's W chunk is BN rows × 64 k, one K-major panel of 128-byte rows: A's layout, BN rows.
+  static constexpr uint32_t kBBytes = BN * 128;
+  static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
+  static constexpr uint32_t kStageBytes = A::kBytes + kBBytes;
   static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t);
 };
 
 // A chunk that runs past its segment's end (valid < 64 of its k): the consumers zero x's columns
 // and W's rows from `valid` on, so that the chunk's four k16 steps add nothing of the next group
 // (unconditional steps: a data-dependent count would serialize the wgmma).
-template <int BN>
+template <int BN, bool kTransW>
 __device__ __forceinline__ void zero_past(unsigned char* a, unsigned char* b, int valid) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
   const int width = kAlgTmaChunk - valid;
   for (int e = threadIdx.x; e < kAlgTmaRows * width; e += kConsumers)
     *reinterpret_cast<uint16_t*>(a + A::offset(e / width, valid + e % width)) = 0;
-  for (int e = threadIdx.x; e < width * (BN / 8); e += kConsumers)
-    *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
+  if constexpr (kTransW) {  // W's columns from valid on, in each of its BN rows
+    for (int e = threadIdx.x; e < BN * width; e += kConsumers)
+      *reinterpret_cast<uint16_t*>(b + A::offset(e / width, valid + e % width)) = 0;
+  } else {  // W's rows from valid on
+    for (int e = threadIdx.x; e < width * (BN / 8); e += kConsumers)
+      *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
+  }
   fence_proxy_async_shared();                           // the tensor cores read them next
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers));  // the consumer warpgroup only
 }
 
-template <int BN, int kStages>
+template <int BN, int kStages, bool kTransW>
 __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   using L = TmaLayout<BN, kStages>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -84,9 +94,13 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
           tma::load_3d(a_tile(stage), &p.x, &full[stage], k0, cls, i0);
         else
           tma::load_2d(a_tile(stage), &p.x, &full[stage], k0, r_first);
+        if constexpr (kTransW) {
+          tma::load_2d(b_tile(stage), &p.w, &full[stage], k0, t.col0);
+        } else {
 #pragma unroll
-        for (int pn = 0; pn < BN / 64; ++pn)
-          tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+          for (int pn = 0; pn < BN / 64; ++pn)
+            tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+        }
       }
     }
     return;
@@ -100,11 +114,16 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
       const int stage = c % kStages;
       tma::wait(&full[stage], (c / kStages) & 1);
       const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-      if (valid < kAlgTmaChunk) zero_past<BN>(a_tile(stage), b_tile(stage), valid);
+      if (valid < kAlgTmaChunk) zero_past<BN, kTransW>(a_tile(stage), b_tile(stage), valid);
       wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk)
-        wgmma::mma<BN, 0, 1>(acc, L::A::k_major(a_tile(stage), 16 * kk), L::B::mn_major(b_tile(stage), 16 * kk), true);
+      for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk) {
+        const uint64_t da = L::A::k_major(a_tile(stage), 16 * kk);
+        if constexpr (kTransW)
+          wgmma::mma<BN, 0, 0>(acc, da, L::A::k_major(b_tile(stage), 16 * kk), true);
+        else
+          wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(b_tile(stage), 16 * kk), true);
+      }
       wgmma::commit();
       wgmma::wait<1>();  // the previous chunk's products are done: its stage is free
       if (pending >= 0 && threadIdx.x == 0) tma::arrive(&empty[pending]);
@@ -136,10 +155,10 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
   }
 }
 
-template <int I>
+template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  auto kernel = algproj_tma_kernel<cfg.cols, cfg.stages>;
+  auto kernel = algproj_tma_kernel<cfg.cols, cfg.stages, kTransW>;
   constexpr size_t smem = TmaLayout<cfg.cols, cfg.stages>::kSmem;
   static const bool opted = [&] {
     QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -153,7 +172,7 @@ void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
 
 template <int... I>
 void tma_configs(const AlgTmaArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
-  ((config == I ? tma_config<I>(a, stream) : void()), ...);
+  ((config == I ? (a.w_transposed ? tma_config<I, true>(a, stream) : tma_config<I, false>(a, stream)) : void()), ...);
 }
 
 }  // namespace

@@ -159,6 +159,7 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
     EXPECT_LE(rel_error(dwh, dw_ref), bound(M, q, dw_abs, dw_ref, kF32Unit));
   }
   if (kernels.forward) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::Forward), *kernels.forward);
+  if (kernels.dx) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DX), *kernels.dx);
   if (kernels.dw) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DW), *kernels.dw);
   // y and dw accumulate when asked: the result + the result again.
   gpu.forward(xd, wd, types, y, nullptr, true);
@@ -485,12 +486,12 @@ TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
   }
 }
 
-TEST(GpuAlgProj, TmaForwardEveryConfig) {
+TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
-  // The Hopper forward pinned, each configuration: strided (cyclic) and contiguous (interval)
-  // rows with partial tiles, one decode row, group widths 80 and 160 (chunks past a segment's
-  // end), several output tiles per group; dX and dW calibrated.
+  // The Hopper row pass pinned for the forward and dX, each configuration: strided (cyclic) and
+  // contiguous (interval) rows with partial tiles, one decode row, group widths 80 and 160
+  // (chunks past a segment's end), several output tiles per group; dW calibrated.
   const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384}, dense{"dense:4", {}, {}, 256, 320},
       graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}};
   int configs = 0;
@@ -499,7 +500,8 @@ TEST(GpuAlgProj, TmaForwardEveryConfig) {
   ASSERT_GE(configs, 1);
   for (int c = 0; c < configs; ++c) {
     SCOPED_TRACE("tma config " + std::to_string(c));
-    const cuda::AlgProj::Kernels k{AlgKernel{AlgKernel::Kind::Tma, c}, std::nullopt, std::nullopt};
+    const AlgKernel tma{AlgKernel::Kind::Tma, c};
+    const cuda::AlgProj::Kernels k{tma, tma, std::nullopt};
     for (const Case* cs : {&q4, &q2x2, &dense, &graph, &unequal}) {
       check_case(*cs, make_types(Sched::Cyclic, 260, 4, 1), 401 + c, k);
       check_case(*cs, make_types(Sched::Interval, 300, 4, 2), 411 + c, k);
@@ -517,6 +519,6 @@ TEST(GpuAlgProj, TmaForwardEveryConfig) {
     gpu.forward(x, w, make_types(Sched::Random, M, 4, 3), y);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("TMA forward needs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TMA kernel needs"), std::string::npos) << e.what();
   }
 }
