@@ -277,24 +277,6 @@ const detail::AlgKernelConfig& kernel_config(ops::AlgPass pass, int config) {
 
 bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (2 * vec) == 0; }
 
-// The row stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (the
-// TMA forward reads them as one box of a strided view of x; rows M a multiple of s), segments of
-// multiples of 16 long; 0 where the plan has no such stride.
-int tma_row_stride(const ops::AlgRowPlan& p, int64_t M) {
-  int stride = 0;
-  for (const ops::AlgRowTile& t : p.tiles) {
-    if (t.row_count < 2) continue;
-    const int s = p.rows[t.row_begin + 1] - p.rows[t.row_begin];
-    if (s < 1 || (stride != 0 && s != stride)) return 0;
-    stride = s;
-    for (int i = 2; i < t.row_count; ++i)
-      if (p.rows[t.row_begin + i] - p.rows[t.row_begin + i - 1] != s) return 0;
-  }
-  if (stride == 0) stride = 1;
-  for (const ops::AlgSegment& sg : p.segments)
-    if (sg.len % 16 != 0) return 0;
-  return M % stride == 0 ? stride : 0;
-}
 
 }  // namespace
 
@@ -385,7 +367,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     // The TMA forward has no reduction pass: its plans are not split.
     const ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
-    if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = tma_row_stride(p, static_cast<int64_t>(types.size()));
+    if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()), 16);
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));

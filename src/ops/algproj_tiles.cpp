@@ -188,6 +188,22 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   return plan;
 }
 
+int uniform_row_stride(const AlgRowPlan& plan, int64_t M, int seg_multiple) {
+  int stride = 0;
+  for (const AlgRowTile& t : plan.tiles) {
+    if (t.row_count < 2) continue;
+    const int s = plan.rows[t.row_begin + 1] - plan.rows[t.row_begin];
+    if (s < 1 || (stride != 0 && s != stride)) return 0;
+    stride = s;
+    for (int i = 2; i < t.row_count; ++i)
+      if (plan.rows[t.row_begin + i] - plan.rows[t.row_begin + i - 1] != s) return 0;
+  }
+  if (stride == 0) stride = 1;  // single rows only
+  for (const AlgSegment& sg : plan.segments)
+    if (sg.len % seg_multiple != 0) return 0;
+  return M % stride == 0 ? stride : 0;
+}
+
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                                const std::vector<int>& row_types, int tile_rows, int tile_cols, bool split) {
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
