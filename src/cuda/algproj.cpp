@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -277,6 +278,16 @@ const detail::AlgKernelConfig& kernel_config(ops::AlgPass pass, int config) {
 
 bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (2 * vec) == 0; }
 
+// The TMA row pass is a calibration candidate (and a cached choice of it used) only with
+// QUIVER_ALGPROJ_TMA=1, until it has been measured on a GPU; pinned, it always runs.
+bool tma_candidates() {
+  static const bool on = [] {
+    const char* env = std::getenv("QUIVER_ALGPROJ_TMA");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return on;
+}
+
 
 }  // namespace
 
@@ -540,7 +551,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                  config < detail::kAlgGemvConfigCount) {
         best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
         known = true;
-      } else if (kind == "tma" && pass != ops::AlgPass::DW && fused_vec_ == 8 && config >= 0 &&
+      } else if (kind == "tma" && tma_candidates() && pass != ops::AlgPass::DW && fused_vec_ == 8 && config >= 0 &&
                  config < detail::kAlgTmaConfigCount && plan(pass, {AlgKernel::Kind::Tma, config}, types, stream).tma_stride > 0) {
         best = {AlgKernel::Kind::Tma, config};
         known = true;
@@ -573,7 +584,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       // The TMA forward: 16-byte aligned tensors (fused_vec_ 8) and a plan its boxes can read.
-      if (k.kind == AlgKernel::Kind::Tma && (fused_vec_ != 8 || plan(pass, k, types, stream).tma_stride == 0)) continue;
+      if (k.kind == AlgKernel::Kind::Tma &&
+          (!tma_candidates() || fused_vec_ != 8 || plan(pass, k, types, stream).tma_stride == 0))
+        continue;
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {
         const DevicePlan& d = plan(pass, k, types, stream);
