@@ -34,6 +34,19 @@ __device__ void store_accumulators(const float (&d)[N / 2], float* c) {
     }
 }
 
+// c [64, 64] = A · Bᵀ from two K-major Panels<K> tiles in shared memory, as S = Q Kᵀ.
+template <int K>
+__device__ void k_major_product(const unsigned char* as, const unsigned char* bs, float* c) {
+  using P = wg::Panels<K>;
+  float d[32] = {};
+  wg::fence();
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) wg::mma<64, 0, 0>(d, P::k_major(as, k0), P::k_major(bs, k0), k0 > 0);
+  wg::commit();
+  wg::wait<0>();
+  store_accumulators<64>(d, c);
+}
+
 template <int K>
 __global__ void __launch_bounds__(128) k_major_kernel(const uint16_t* a, const uint16_t* b, float* c) {
   using P = wg::Panels<K>;
@@ -42,13 +55,7 @@ __global__ void __launch_bounds__(128) k_major_kernel(const uint16_t* a, const u
   put_tile<K>(bs, b);
   cuda::detail::fence_proxy_async_shared();
   __syncthreads();
-  float d[32] = {};
-  wg::fence();
-#pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16) wg::mma<64, 0, 0>(d, P::k_major(as, k0), P::k_major(bs, k0), k0 > 0);
-  wg::commit();
-  wg::wait<0>();
-  store_accumulators<64>(d, c);
+  k_major_product<K>(as, bs, c);
 }
 
 template <int N>
@@ -132,13 +139,7 @@ __global__ void __launch_bounds__(128) tma_k_major_kernel(const __grid_constant_
   __shared__ uint64_t bars[2];
   tma_load_tile<K>(as, &map_a, &bars[0], row0, 0);
   tma_load_tile<K>(bs, &map_b, &bars[1], row0, 0);
-  float d[32] = {};
-  wg::fence();
-#pragma unroll
-  for (int k0 = 0; k0 < K; k0 += 16) wg::mma<64, 0, 0>(d, P::k_major(as, k0), P::k_major(bs, k0), k0 > 0);
-  wg::commit();
-  wg::wait<0>();
-  store_accumulators<64>(d, c);
+  k_major_product<K>(as, bs, c);
 }
 
 // Runs make<W>() for the probe width w.
