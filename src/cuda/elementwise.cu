@@ -124,8 +124,6 @@ __global__ void rope_kernel(const uint16_t* x, uint16_t* y, int64_t rows, int64_
   }
 }
 
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
-
 // The element-wise kernels below loop by for_items (elementwise_launch.h).
 __global__ void swiglu_forward_kernel(const uint16_t* gate, const uint16_t* up, uint16_t* out,
                                       int64_t n, bool vec) {
@@ -150,7 +148,7 @@ __global__ void swiglu_backward_kernel(const uint16_t* dout, const uint16_t* gat
     load_cols<kStep>(up + i, u);
 #pragma unroll
     for (int e = 0; e < kStep; ++e) {
-      const float s = sigmoid(g[e]);
+      const float s = logistic(g[e]);
       u[e] = d[e] * u[e] * s * (1.0f + g[e] * (1.0f - s));
       g[e] = d[e] * g[e] * s;
     }
@@ -164,7 +162,7 @@ constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
 constexpr float kGeluCubic = 0.044715f;
 
 __device__ __forceinline__ float gelu_gate(float v) {
-  return sigmoid(2.0f * kGeluScale * (v + kGeluCubic * v * v * v));
+  return logistic(2.0f * kGeluScale * (v + kGeluCubic * v * v * v));
 }
 
 // d gelu(v) / dv.

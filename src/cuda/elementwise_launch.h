@@ -108,9 +108,12 @@ __device__ __forceinline__ uint16_t bf16_round(float value) {
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
+// σ(x) = 1 / (1 + e^-x); e^-x overflows to inf for x < -88 and the quotient is then 0: no NaN.
+__device__ __forceinline__ float logistic(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 // SwiGLU of one gate / up pair in fp32, g σ(g) u: the one formula of swiglu_forward and of the
 // algebraic few-row kernel's SwiGLU epilogue, so the two agree bit for bit.
-__device__ __forceinline__ float swiglu_value(float g, float u) { return g * (1.0f / (1.0f + expf(-g))) * u; }
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g * logistic(g) * u; }
 
 // kStep (1 or 8) consecutive values as floats, and back (bf16 stores round). With kStep = 8 the
 // address must be 16-byte aligned: one 16-byte access for bf16, two for fp32.

@@ -31,9 +31,6 @@ static_assert(kRelationTile == flash::kTile, "the mixer's tile is the launchers'
 constexpr int kStats = 3;  // columns of ops::RelationStat
 constexpr int kStatLogExchange = 0, kStatSelf = 1, kStatGate = 2;
 
-// expf(-x) overflows to inf for x < -88 and the quotient is then 0: no NaN.
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 __device__ __forceinline__ float log_sigmoid(float x) {
   return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
 }
@@ -86,11 +83,11 @@ struct RelationScoreRule {
   }
   __device__ __forceinline__ flash::RowWeights finish_row(int64_t r, int64_t p, float m2, float l,
                                                           float self_dot, bool writer) const {
-    const float self = sigmoid(self_dot * scale * inv_tau);
+    const float self = logistic(self_dot * scale * inv_tau);
     float log_exchange = -INFINITY, gate = 0.0f, hist = 0.0f;
     if (p > 0) {  // p = 0 has no history: g_0 = 0, Y_0 = Ĩ_0 (exchange-only: 0)
       log_exchange = (m2 + log2f(l)) * flash::kLn2;
-      gate = sigmoid(log_exchange - *lambda * logf(static_cast<float>(p + 1)) - self);
+      gate = logistic(log_exchange - *lambda * logf(static_cast<float>(p + 1)) - self);
       hist = gate / l;
     }
     if (writer) {
@@ -243,7 +240,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float self_dot = 0.0f;
 #pragma unroll
   for (int i = 0; i < kDecodeLanes; ++i) self_dot = fmaf(p1[i], p2[i], self_dot);
-  const float self = sigmoid(warp_sum(self_dot) * scale * a.rule.inv_tau);
+  const float self = logistic(warp_sum(self_dot) * scale * a.rule.inv_tau);
 
   float m = -INFINITY, l = 0.0f, z[kDecodeLanes];
 #pragma unroll
@@ -258,7 +255,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       if (dd < Dh) s = fmaf(p1[i], bf16_load(kr[dd]), s);
     }
     const float u = warp_sum(s) * scale;
-    const float e = u * sigmoid(u);
+    const float e = u * logistic(u);
     const float m_new = fmaxf(m, e);
     const float alpha = expf(m - m_new);  // 0 for the first key (m = -inf)
     const float wgt = expf(e - m_new);
@@ -303,7 +300,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
     const float log_exchange = m_all + logf(l_all);
-    const float gate = sigmoid(log_exchange - *a.lambda * logf(static_cast<float>(pos + 1)) - self);
+    const float gate = logistic(log_exchange - *a.lambda * logf(static_cast<float>(pos + 1)) - self);
     const float w_hist = gate / l_all, w_self = a.rule.exchange_only ? 0.0f : 1.0f - gate;
 #pragma unroll
     for (int i = 0; i < kDecodeLanes; ++i) y[i] = fmaf(w_self, v[i], w_hist * z_all[i]);
