@@ -273,6 +273,38 @@ TEST(AlgProjTiles, LongRowListsAreSplit) {
   EXPECT_TRUE(each_once(writes));
 }
 
+// Q2⊗Q2 dW at a large M: 16 tiles whose lists (8192, 4096 or 2048 rows) are within twice the
+// median, so the median rule splits nothing; asked for 64 pieces, the lists are cut into pieces
+// of about (rows of all lists) / 64, and the sums stay those of the whole lists.
+TEST(AlgProjTiles, FewTilesAreSplit) {
+  const algebra::Law law = algebra::Law::parse("Q2xQ2");
+  const algebra::GroupWidths widths = algebra::GroupWidths::equal(4, 32, 32);
+  const std::vector<int> types = algebra::Schedule::cyclic().types(0, 8192, 4);
+  Rng rng(9);
+  const Tensor x = quiver::testing::random_tensor({8192, 32}, DType::F64, rng);
+  const Tensor w = quiver::testing::random_tensor({32, 32}, DType::F64, rng);
+  const Tensor dy = quiver::testing::random_tensor({8192, 32}, DType::F64, rng);
+  Tensor dx_ref = Tensor::empty({8192, 32}, DType::F64), dw_ref = Tensor::empty({32, 32}, DType::F64);
+  ops::algproj_reference_backward(x, w, dy, law, widths, types, dx_ref, dw_ref);
+  const ops::AlgWeightPlan median_only = ops::plan_weight_pass(law, widths, types, 8, 8);
+  ASSERT_EQ(median_only.tiles.size(), 16u);  // one 8 × 8 tile per block
+  EXPECT_TRUE(median_only.splits.empty());
+  int64_t total = 0;
+  for (const ops::AlgWeightTile& t : median_only.tiles) total += t.list_count;
+  const int64_t piece = (total / 64 + ops::kAlgSplitAlign - 1) / ops::kAlgSplitAlign * ops::kAlgSplitAlign;
+  const ops::AlgWeightPlan p = ops::plan_weight_pass(law, widths, types, 8, 8, true, 64);
+  EXPECT_FALSE(p.splits.empty());
+  EXPECT_GE(p.tiles.size(), 64u);
+  for (const ops::AlgWeightTile& t : p.tiles) EXPECT_LE(t.list_count, 2 * piece);
+  EXPECT_EQ(p.macs, median_only.macs);
+  std::vector<int> writes;
+  EXPECT_LT(max_abs_diff(run_weight_plan(p, x, dy, writes), dw_ref), 1e-9);
+  EXPECT_TRUE(each_once(writes));
+  // Pieces are never shorter than 512 rows, however many are asked for.
+  for (const ops::AlgWeightTile& t : ops::plan_weight_pass(law, widths, types, 8, 8, true, 100000).tiles)
+    EXPECT_EQ(t.list_count, 512);
+}
+
 // The stride the TMA row pass reads a plan's tiles with: q for cyclic types, 1 for contiguous
 // ones and single rows; 0 for irregular rows, M not a multiple of the stride, or segments not a
 // multiple of the asked length.

@@ -362,8 +362,14 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     return at;
   };
   size_t rows_at, tiles_at, segs_at = 0, splits_at = 0;
+  int dev = 0, sms = 0;
+  QV_CUDA_CHECK(cudaGetDevice(&dev));
+  QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (pass == ops::AlgPass::DW) {
-    const ops::AlgWeightPlan p = ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols, kernel.split);
+    // The split candidate: long lists, and every list where there are fewer than four tiles
+    // per multiprocessor (about two waves of two resident blocks).
+    const ops::AlgWeightPlan p =
+        ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols, kernel.split, 4 * int64_t{sms});
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgWeightSplit));
@@ -393,9 +399,6 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     // The split few-row kernel: clusters of up to 8 blocks per tile, until about two blocks
     // per multiprocessor run.
     if (kernel.kind == AlgKernel::Kind::Gemv && kernel.split) {
-      int dev = 0, sms = 0;
-      QV_CUDA_CHECK(cudaGetDevice(&dev));
-      QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       while (d.slices < 8 && static_cast<int64_t>(d.num_tiles) * d.slices < 2 * static_cast<int64_t>(sms))
         d.slices *= 2;
     }

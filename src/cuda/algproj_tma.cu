@@ -8,9 +8,9 @@
 // k0 .. k0 + 63 (one box of BN 128-byte rows, K-major). Warps 0-3, one warpgroup, wait for the
 // stage, run the chunk's four k16 steps as wgmma m64nBNk16 (both operands 128-byte swizzled as
 // TMA wrote them), keep one chunk's products in flight and release the stage before it to the
-// producer. A chunk past a segment's end has the rest of its box (the next
-// group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the old value
-// when accumulating).
+// producer (each warp's lane 0 arrives). A chunk past a segment's end has the rest of its box
+// (the next group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the
+// old value when accumulating).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::init(&full[s], 1);
-      tma::init(&empty[s], 1);
+      tma::init(&empty[s], kConsumers / 32);  // one arrival per consumer warp
     }
     tma::fence_init();
   }
@@ -125,8 +125,10 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
           wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(b_tile(stage), 16 * kk), true);
       }
       wgmma::commit();
-      wgmma::wait<1>();  // the previous chunk's products are done: its stage is free
-      if (pending >= 0 && threadIdx.x == 0) tma::arrive(&empty[pending]);
+      // The previous chunk's products are done: its stage is free once every warp's share of the
+      // warpgroup's products has read it (wait_group completes the executing warp's).
+      wgmma::wait<1>();
+      if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
       pending = stage;
     }
   }

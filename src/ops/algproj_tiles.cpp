@@ -205,7 +205,8 @@ int uniform_row_stride(const AlgRowPlan& plan, int64_t M, int seg_multiple) {
 }
 
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
-                               const std::vector<int>& row_types, int tile_rows, int tile_cols, bool split) {
+                               const std::vector<int>& row_types, int tile_rows, int tile_cols, bool split,
+                               int64_t min_pieces) {
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
   const int q = law.q();
   const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
@@ -248,23 +249,32 @@ AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidt
           plan.macs += static_cast<int64_t>(t.nk) * t.ncols * list_count;
         }
     }
-  // Long lists: the row pass's rule (twice the median, at least 512 rows; slots bounded by dW's
-  // size or 16 MB), the pieces being consecutive parts of the list.
+  // Long lists: the row pass's rule (twice the median, at least 512 rows), and, where the plan
+  // has fewer than `min_pieces` tiles (a few dW blocks reduced over many rows: a small weight
+  // at a large M), pieces of about total / min_pieces rows (at least 512), so that the kernel
+  // has enough blocks to hide its latency. Slots are bounded by twice dW's size or 32 MB; the
+  // pieces are consecutive parts of the list.
   plan.slot_rows = tile_rows;
   plan.slot_cols = tile_cols;
   if (split && !plan.tiles.empty()) {
     std::vector<int64_t> sorted;
-    for (const AlgWeightTile& t : plan.tiles) sorted.push_back(t.list_count);
+    int64_t total = 0;
+    for (const AlgWeightTile& t : plan.tiles) {
+      sorted.push_back(t.list_count);
+      total += t.list_count;
+    }
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     const int64_t slot_elems = static_cast<int64_t>(tile_rows) * tile_cols;
     auto parts_of = [](int64_t l, int64_t target) { return l > 2 * target ? (l + target - 1) / target : int64_t{1}; };
-    int64_t target = (std::max<int64_t>(2 * sorted[sorted.size() / 2], 512) + kAlgSplitAlign - 1) / kAlgSplitAlign *
-                     kAlgSplitAlign;
+    auto aligned_up = [](int64_t v) { return (v + kAlgSplitAlign - 1) / kAlgSplitAlign * kAlgSplitAlign; };
+    int64_t target = aligned_up(std::max<int64_t>(2 * sorted[sorted.size() / 2], 512));
+    if (min_pieces > static_cast<int64_t>(plan.tiles.size()))
+      target = std::min(target, aligned_up(std::max<int64_t>((total + min_pieces - 1) / min_pieces, 512)));
     for (;; target *= 2) {
       int64_t slots = 0;
       for (const AlgWeightTile& t : plan.tiles)
         if (parts_of(t.list_count, target) > 1) slots += parts_of(t.list_count, target);
-      if (slots * slot_elems <= std::max<int64_t>(widths.K() * widths.N(), int64_t{1} << 22)) break;
+      if (slots * slot_elems <= std::max<int64_t>(2 * widths.K() * widths.N(), int64_t{1} << 23)) break;
     }
     std::vector<AlgWeightTile> tiles;
     for (const AlgWeightTile& t : plan.tiles) {

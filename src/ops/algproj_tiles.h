@@ -16,7 +16,9 @@
 // each reduced over the rows of the types α with β ∈ B(α, δ) (one ascending list per
 // distinct set of types); a block no type uses has an empty list (assigned zeros). As in the
 // row pass, a list far longer than the median (Q_q's diagonal blocks: every row, against one
-// type's rows elsewhere) is split into pieces with fp32 slots (AlgWeightSplit).
+// type's rows elsewhere) is split into pieces with fp32 slots (AlgWeightSplit); so are all
+// lists when the plan has too few tiles to fill the GPU (a small weight at a large M: 144
+// tiles of 15,360 rows each for alg110m's FFN in training).
 //
 // Split reductions (row pass): a tile whose reduction is far longer than the typical one (Q_q's
 // dX of a type's own group reduces over all N columns, the others over N/q) would leave the
@@ -103,9 +105,11 @@ constexpr int kAlgSplitAlign = 64;
 // has no such stride (the TMA row pass reads only such plans).
 int uniform_row_stride(const AlgRowPlan& plan, int64_t M, int seg_multiple);
 
-// split: whether long row lists may be split (see the file comment).
+// split: whether long row lists may be split (see the file comment); min_pieces: where the
+// plan has fewer tiles, lists are also cut into pieces of about (rows of all lists) / min_pieces
+// (the GPU asks for a few blocks per multiprocessor).
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                                const std::vector<int>& row_types, int tile_rows, int tile_cols,
-                               bool split = true);
+                               bool split = true, int64_t min_pieces = 0);
 
 }  // namespace quiver::ops
