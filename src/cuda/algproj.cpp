@@ -278,12 +278,12 @@ const detail::AlgKernelConfig& kernel_config(ops::AlgPass pass, int config) {
 
 bool aligned(const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (2 * vec) == 0; }
 
-// The TMA row pass is a calibration candidate (and a cached choice of it used) only with
-// QUIVER_ALGPROJ_TMA=1, until it has been measured on a GPU; pinned, it always runs.
+// The TMA row pass is a calibration candidate (and a cached choice of it used) unless
+// QUIVER_ALGPROJ_TMA=0; pinned, it always runs.
 bool tma_candidates() {
   static const bool on = [] {
     const char* env = std::getenv("QUIVER_ALGPROJ_TMA");
-    return env != nullptr && std::string(env) == "1";
+    return env == nullptr || std::string(env) != "0";
   }();
   return on;
 }
@@ -406,8 +406,11 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.buffer = Tensor::empty({std::max<int64_t>(static_cast<int64_t>(bytes.size() + 7) / 8, 1)}, DType::F64,
                            Device::CUDA);
   char* base = static_cast<char*>(d.buffer.raw());
-  // A synchronous upload, once per plan (the first call of a shape).
-  QV_CUDA_CHECK(cudaMemcpy(base, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  // Uploaded once per plan (the first call of a shape), ordered on the stream that runs it: a
+  // pageable cudaMemcpy may return before its DMA lands, and the legacy stream it runs on does
+  // not order a non-blocking stream's kernels (the model's). The pageable source is staged
+  // before the call returns.
+  QV_CUDA_CHECK(cudaMemcpyAsync(base, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream));
   d.rows = reinterpret_cast<const int32_t*>(base + rows_at);
   d.tiles = base + tiles_at;
   d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
@@ -536,7 +539,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj4|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj5|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

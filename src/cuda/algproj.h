@@ -122,9 +122,9 @@ class AlgProj {
                 cudaStream_t stream = 0, bool accumulate_dw = false) const;
 
   // The kernels calibration times for a pass: the fused configurations (and, forward, the
-  // few-row kernels; forward and dX, the TMA kernels, with QUIVER_ALGPROJ_TMA=1 only: not yet
-  // measured), each where it applies. The products schedule is not among them: it adds several GEMMs into one
-  // output element (not one owner), so it runs only where the fused kernels cannot, or pinned.
+  // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0), each where
+  // it applies. The products schedule is not among them: it adds several GEMMs into one output
+  // element (not one owner), so it runs only where the fused kernels cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
   // Whether the fused kernels apply to these widths (every group offset even).
   bool fused_supported() const { return fused_vec_ > 0; }

@@ -12,12 +12,20 @@ void* allocate(size_t bytes) {
   return p;
 }
 void release(void* p) { cudaFree(p); }
-void memset_zero(void* p, size_t bytes) { QV_CUDA_CHECK(cudaMemset(p, 0, bytes)); }
+// A tensor's memset or copy is complete when it returns. cudaMemset and device-to-device
+// cudaMemcpy are asynchronous, and a pageable host-to-device cudaMemcpy may return before its
+// DMA lands; all run on the legacy stream, which kernels on a non-blocking stream (the model's)
+// are not ordered after. So the legacy stream is waited for.
+void memset_zero(void* p, size_t bytes) {
+  QV_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  QV_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = dst_device == Device::CUDA
                             ? (src_device == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                             : cudaMemcpyDeviceToHost;
   QV_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  if (dst_device == Device::CUDA) QV_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 }  // namespace
 

@@ -301,6 +301,8 @@ DeviceParamSegments::DeviceParamSegments(std::vector<train::ParamSegment> segmen
   if (!table.empty())
     QV_CUDA_CHECK(cudaMemcpy(table_.raw(), table.data(), table.size() * sizeof(table[0]),
                              cudaMemcpyHostToDevice));
+  // Landed before a kernel on another stream reads it (see cuda/backend.cu).
+  QV_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   scratch_ = Tensor::zeros({detail::kGradNormScratch}, DType::F64, Device::CUDA);
 }
 

@@ -54,7 +54,7 @@ std::vector<infer::TokenCompletion> generate_tokens(
   std::vector<uint64_t> seeds(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) seeds[b] = samplers[b].options().seed;
   Tensor seeds_dev = Tensor::empty({B}, DType::F64, Device::CUDA);  // 8-byte storage for uint64
-  QV_CUDA_CHECK(cudaMemcpy(seeds_dev.raw(), seeds.data(), sizeof(uint64_t) * B, cudaMemcpyHostToDevice));
+  QV_CUDA_CHECK(cudaMemcpyAsync(seeds_dev.raw(), seeds.data(), sizeof(uint64_t) * B, cudaMemcpyHostToDevice, stream));
   Tensor history_dev = Tensor::zeros({B * max_new_tokens}, DType::F32, Device::CUDA);  // int32 storage
   const uint64_t* seeds_ptr = static_cast<const uint64_t*>(seeds_dev.raw());
   int32_t* history = static_cast<int32_t*>(history_dev.raw());
