@@ -2,7 +2,8 @@
 // CUtensorMap (cuda/tma.h) copied into shared memory, and the mbarriers that count the bytes of
 // a stage's copies. Protocol of one stage: one thread initializes the barrier (count: its
 // arrivals) and everyone syncs; per use, one thread arms it with the stage's total bytes
-// (expect_tx) and issues the loads; the consumers wait for the phase, which flips once all bytes have landed.
+// (expect_tx) and issues the loads; the consumers wait for the phase, which flips once all
+// bytes have landed.
 // With the 32-, 64- or 128-byte swizzle of its map, a box of 16-, 32- or 64-column rows lands in
 // exactly the layout of a wgmma::Panels panel (cuda/wgmma.cuh).
 #pragma once

@@ -18,7 +18,7 @@
 // row pass, a list far longer than the median (Q_q's diagonal blocks: every row, against one
 // type's rows elsewhere) is split into pieces with fp32 slots (AlgWeightSplit); so are all
 // lists when the plan has too few tiles to fill the GPU (a small weight at a large M: 144
-// tiles of 15,360 rows each for alg110m's FFN in training).
+// tiles of 15,360-61,440 rows for alg110m's FFN in training).
 //
 // Split reductions (row pass): a tile whose reduction is far longer than the typical one (Q_q's
 // dX of a type's own group reduces over all N columns, the others over N/q) would leave the
