@@ -297,12 +297,11 @@ DeviceParamSegments::DeviceParamSegments(std::vector<train::ParamSegment> segmen
   static_assert(sizeof(detail::SegmentDesc) % sizeof(double) == 0);
   const int64_t words = std::max<int64_t>(
       1, static_cast<int64_t>(table.size() * sizeof(detail::SegmentDesc) / sizeof(double)));
+  // Through a host tensor: the backend's copy has landed when it returns (cuda/backend.cu).
+  Tensor host = Tensor::zeros({words}, DType::F64);
+  if (!table.empty()) std::memcpy(host.raw(), table.data(), table.size() * sizeof(table[0]));
   table_ = Tensor::empty({words}, DType::F64, Device::CUDA);
-  if (!table.empty())
-    QV_CUDA_CHECK(cudaMemcpy(table_.raw(), table.data(), table.size() * sizeof(table[0]),
-                             cudaMemcpyHostToDevice));
-  // Landed before a kernel on another stream reads it (see cuda/backend.cu).
-  QV_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  table_.copy_from(host);
   scratch_ = Tensor::zeros({detail::kGradNormScratch}, DType::F64, Device::CUDA);
 }
 

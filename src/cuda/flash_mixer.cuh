@@ -1203,26 +1203,21 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       QV_CUDA_CHECK(cudaGetLastError());
       return;
     }
-    auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, false>;
-    auto dq = dq_wgmma_kernel<kPadded, Rule>;
-    constexpr size_t dkdv_bytes = dkdv_wgmma_smem<kPadded, false>(), dq_bytes = dq_wgmma_smem<kPadded>();
-    allow_smem(dkdv, dkdv_bytes);
-    allow_smem(dq, dq_bytes);
-    dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
-    QV_CUDA_CHECK(cudaGetLastError());
-    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
-    QV_CUDA_CHECK(cudaGetLastError());
-  } else {
-    auto dkdv = dkdv_kernel<kPadded, Rule>;
-    auto dq = dq_kernel<kPadded, Rule>;
-    constexpr size_t dkdv_bytes = dkdv_smem<kPadded>(), dq_bytes = dq_smem<kPadded>();
-    allow_smem(dkdv, dkdv_bytes);
-    allow_smem(dq, dq_bytes);
-    dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
-    QV_CUDA_CHECK(cudaGetLastError());
-    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
-    QV_CUDA_CHECK(cudaGetLastError());
   }
+  // The two passes: dK/dV over key tiles, then dQ over query tiles.
+  auto two_passes = [&](auto dkdv, size_t dkdv_bytes, auto dq, size_t dq_bytes) {
+    allow_smem(dkdv, dkdv_bytes);
+    allow_smem(dq, dq_bytes);
+    dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+  };
+  if constexpr (kPadded <= kWgmmaBackwardWidth)
+    two_passes(dkdv_wgmma_kernel<kPadded, Rule, false>, dkdv_wgmma_smem<kPadded, false>(),
+               dq_wgmma_kernel<kPadded, Rule>, dq_wgmma_smem<kPadded>());
+  else
+    two_passes(dkdv_kernel<kPadded, Rule>, dkdv_smem<kPadded>(), dq_kernel<kPadded, Rule>, dq_smem<kPadded>());
 }
 
 }  // namespace quiver::cuda::detail::flash
