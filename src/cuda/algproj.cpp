@@ -296,9 +296,11 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Gemv)
     return fmt::format("gemv {}x{}{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols,
                        k.split ? " split" : "");
-  if (k.kind == AlgKernel::Kind::Tma)
-    return fmt::format("tma {}x{} k{}x{}", detail::kAlgTmaRows, detail::kAlgTmaConfigs[k.config].cols,
-                       detail::kAlgTmaChunk, detail::kAlgTmaConfigs[k.config].stages);
+  if (k.kind == AlgKernel::Kind::Tma) {
+    const detail::AlgTmaConfig& c = detail::kAlgTmaConfigs[k.config];
+    return fmt::format("tma {}x{} k{}x{}{}{}", detail::kAlgTmaRows, c.cols, detail::kAlgTmaChunk, c.stages,
+                       c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.persistent ? " persistent" : "");
+  }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
 }
@@ -539,7 +541,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj5|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj6|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

@@ -48,13 +48,18 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 
 // The Hopper row pass, forward and dX (algproj_tma.cu): 64-row tiles of `cols` output columns
 // whose A (x or dY) and W boxes a producer warp loads by TMA into a ring of `stages` 64-deep
-// chunks, consumed by one warpgroup's wgmma. Plans whose tiles' rows are progressions of one
-// stride (cyclic or interval types), whose segments are multiples of 16 long, and tensors
-// 16-byte aligned with K and N multiples of 8 (AlgProj checks).
+// chunks, consumed by `groups` warpgroups' wgmma (taking the block's tiles in turn); one block
+// per tile, or `persistent` (as many blocks as fit, each walking every gridDim-th tile). Plans
+// whose tiles' rows are progressions of one stride (cyclic or interval types), whose segments
+// are multiples of 16 long, and tensors 16-byte aligned with K and N multiples of 8 (AlgProj
+// checks).
 struct AlgTmaConfig {
-  int cols, stages;
+  int cols, stages, groups;
+  bool persistent;
 };
-constexpr AlgTmaConfig kAlgTmaConfigs[] = {{128, 4}, {64, 6}};
+constexpr AlgTmaConfig kAlgTmaConfigs[] = {
+    {128, 4, 1, false}, {64, 6, 1, false}, {128, 8, 2, true}, {64, 12, 2, true}, {128, 4, 1, true},
+};
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 

@@ -1,18 +1,25 @@
 // The algebraic projection's Hopper row pass, forward and dX (algproj_fused_launch.h:
-// AlgTmaArgs). One block per tile (64 rows of one row class × BN output columns): warp 4 is the
-// producer, whose lane 0 walks the tile's segments in 64-deep chunks and, per chunk, waits for a
-// free stage of the ring, arms its full barrier with the chunk's bytes and issues two TMA loads:
-// the A box (the tile's rows of x, or of dY for dX, as one box of a strided view, reduction
-// columns k0 .. k0 + 63) and the W box: forward, W rows k0 .. k0 + 63 and the tile's columns (one
-// box per 64-column panel, MN-major); dX (kTransW), W rows = the tile's dX columns, W columns
-// k0 .. k0 + 63 (one box of BN 128-byte rows, K-major). Warps 0-3, one warpgroup, wait for the
-// stage, run the chunk's four k16 steps as wgmma m64nBNk16 (both operands 128-byte swizzled as
-// TMA wrote them), keep one chunk's products in flight and release the stage before it to the
-// producer (each warp's lane 0 arrives). A chunk past a segment's end has the rest of its box
-// (the next group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the
-// old value when accumulating).
+// AlgTmaArgs). Tiles are 64 rows of one row class × BN output columns. A block has `groups`
+// consumer warpgroups and one producer warp, and walks the tiles blockIdx.x, blockIdx.x +
+// gridDim.x, ...: one block per tile (grid = tiles), or persistent (grid = the blocks that fit
+// at once), its consumer warpgroups taking its tiles in turn. The producer's lane 0 walks the
+// block's tiles' segments in 64-deep chunks, in order; per chunk it waits for a free stage of
+// the ring, arms its full barrier with the chunk's bytes and issues two TMA loads: the A box
+// (the tile's rows of x, or of dY for dX, as one box of a strided view, reduction columns
+// k0 .. k0 + 63) and the W box: forward, W rows k0 .. k0 + 63 and the tile's columns (one box
+// per 64-column panel, MN-major); dX (kTransW), W rows = the tile's dX columns, W columns
+// k0 .. k0 + 63 (one box of BN 128-byte rows, K-major). So the producer runs ahead into the
+// next tile while the consumers finish one. A consumer warpgroup counts the chunks of the tiles
+// it skips (the other warpgroup's), waits until the other has issued the products of the tile
+// before (an order barrier each way), waits for its own chunks' stages, runs their four k16 steps
+// as wgmma m64nBNk16 (both operands 128-byte swizzled as TMA wrote them), keeps one chunk's
+// products in flight and releases the stage before it (each warp's lane 0 arrives), and the
+// last one at the tile's end. A chunk past a segment's end has the rest of its box (the next
+// group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the old value
+// when accumulating) while the other warpgroup's products run.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/algproj_fused_launch.h"
@@ -24,7 +31,7 @@
 namespace quiver::cuda::detail {
 namespace {
 
-constexpr int kConsumers = 128, kTmaThreads = kConsumers + 32;
+constexpr int kGroupThreads = 128;
 
 template <int BN, int kStages>
 struct TmaLayout {
@@ -34,32 +41,46 @@ struct TmaLayout {
   static constexpr uint32_t kBBytes = BN * 128;
   static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
   static constexpr uint32_t kStageBytes = A::kBytes + kBBytes;
-  static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t);
+  // full[kStages], empty[kStages], order[2] barriers after the stages.
+  static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + (2 * kStages + 2) * sizeof(uint64_t);
 };
 
-// A chunk that runs past its segment's end (valid < 64 of its k): the consumers zero x's columns
-// and W's rows from `valid` on, so that the chunk's four k16 steps add nothing of the next group
-// (unconditional steps: a data-dependent count would serialize the wgmma).
+// The 64-deep chunks of a tile: one per started 64 columns of each segment (producer and
+// consumers count the same).
+__device__ __forceinline__ int tile_chunks(const AlgTmaArgs& p, const ops::AlgRowTile& t) {
+  int n = 0;
+  for (int sg = 0; sg < t.seg_count; ++sg) n += (p.segments[t.seg_begin + sg].len + kAlgTmaChunk - 1) / kAlgTmaChunk;
+  return n;
+}
+
+// A chunk that runs past its segment's end (valid < 64 of its k): the consumer warpgroup zeroes
+// x's columns and W's rows from `valid` on, so that the chunk's four k16 steps add nothing of
+// the next group (unconditional steps: a data-dependent count would serialize the wgmma).
+// tid: the thread's index in its warpgroup; barrier: the warpgroup's named barrier (1 or 2).
 template <int BN, bool kTransW>
-__device__ __forceinline__ void zero_past(unsigned char* a, unsigned char* b, int valid) {
+__device__ __forceinline__ void zero_past(unsigned char* a, unsigned char* b, int valid, int tid, int barrier) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
   const int width = kAlgTmaChunk - valid;
-  for (int e = threadIdx.x; e < kAlgTmaRows * width; e += kConsumers)
+  for (int e = tid; e < kAlgTmaRows * width; e += kGroupThreads)
     *reinterpret_cast<uint16_t*>(a + A::offset(e / width, valid + e % width)) = 0;
   if constexpr (kTransW) {  // W's columns from valid on, in each of its BN rows
-    for (int e = threadIdx.x; e < BN * width; e += kConsumers)
+    for (int e = tid; e < BN * width; e += kGroupThreads)
       *reinterpret_cast<uint16_t*>(b + A::offset(e / width, valid + e % width)) = 0;
   } else {  // W's rows from valid on
-    for (int e = threadIdx.x; e < width * (BN / 8); e += kConsumers)
+    for (int e = tid; e < width * (BN / 8); e += kGroupThreads)
       *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
-  fence_proxy_async_shared();                           // the tensor cores read them next
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers));  // the consumer warpgroup only
+  fence_proxy_async_shared();  // the tensor cores read them next
+  if (barrier == 1)  // this warpgroup only (an immediate id: ptxas counts a register id as all 16)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
+  else
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads));
 }
 
-template <int BN, int kStages, bool kTransW>
-__global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
+template <int BN, int kStages, bool kTransW, int kGroups>
+__global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
+    algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   using L = TmaLayout<BN, kStages>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
@@ -67,92 +88,120 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
   auto b_tile = [&](int s) { return base + s * L::kStageBytes + L::A::kBytes; };
   uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages * L::kStageBytes);
   uint64_t* empty = full + kStages;
+  uint64_t* order = empty + kStages;  // order[g]: the other warpgroup has issued its tile's products
 
-  const ops::AlgRowTile t = p.tiles[blockIdx.x];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::init(&full[s], 1);
-      tma::init(&empty[s], kConsumers / 32);  // one arrival per consumer warp
+      tma::init(&empty[s], kGroupThreads / 32);  // one arrival per warp of the consuming warpgroup
     }
+    for (int g = 0; g < 2; ++g) tma::init(&order[g], kGroupThreads / 32);
     tma::fence_init();
   }
   __syncthreads();
-  const int r_first = p.rows[t.row_begin];
 
-  if (warp == kConsumers / 32) {  // the producer
+  if (warp == kGroups * kGroupThreads / 32) {  // the producer
     if (lane != 0) return;
-    const int s_rows = p.row_stride, cls = r_first % s_rows, i0 = r_first / s_rows;
+    const int s_rows = p.row_stride;
     int c = 0;
-    for (int sg = 0; sg < t.seg_count; ++sg) {
-      const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
-      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
-        const int stage = c % kStages;
-        if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);  // its last chunk was consumed
-        tma::arrive_expect(&full[stage], L::kStageBytes);
-        if (s_rows > 1)
-          tma::load_3d(a_tile(stage), &p.x, &full[stage], k0, cls, i0);
-        else
-          tma::load_2d(a_tile(stage), &p.x, &full[stage], k0, r_first);
-        if constexpr (kTransW) {
-          tma::load_2d(b_tile(stage), &p.w, &full[stage], k0, t.col0);
-        } else {
+    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+      const ops::AlgRowTile t = p.tiles[tile];
+      const int r_first = p.rows[t.row_begin], cls = r_first % s_rows, i0 = r_first / s_rows;
+      for (int sg = 0; sg < t.seg_count; ++sg) {
+        const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
+        for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+          const int stage = c % kStages;
+          if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);  // its last chunk was consumed
+          tma::arrive_expect(&full[stage], L::kStageBytes);
+          if (s_rows > 1)
+            tma::load_3d(a_tile(stage), &p.x, &full[stage], k0, cls, i0);
+          else
+            tma::load_2d(a_tile(stage), &p.x, &full[stage], k0, r_first);
+          if constexpr (kTransW) {
+            tma::load_2d(b_tile(stage), &p.w, &full[stage], k0, t.col0);
+          } else {
 #pragma unroll
-          for (int pn = 0; pn < BN / 64; ++pn)
-            tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+            for (int pn = 0; pn < BN / 64; ++pn)
+              tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+          }
         }
       }
     }
     return;
   }
 
-  float acc[BN / 2] = {};
-  int c = 0, pending = -1;  // the stage whose products are still in flight
-  for (int sg = 0; sg < t.seg_count; ++sg) {
-    const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
-    for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
-      const int stage = c % kStages;
-      tma::wait(&full[stage], (c / kStages) & 1);
-      const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-      if (valid < kAlgTmaChunk) zero_past<BN, kTransW>(a_tile(stage), b_tile(stage), valid);
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk) {
-        const uint64_t da = L::A::k_major(a_tile(stage), 16 * kk);
-        if constexpr (kTransW)
-          wgmma::mma<BN, 0, 0>(acc, da, L::A::k_major(b_tile(stage), 16 * kk), true);
-        else
-          wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(b_tile(stage), 16 * kk), true);
-      }
-      wgmma::commit();
-      // The previous chunk's products are done: its stage is free once every warp's share of the
-      // warpgroup's products has read it (wait_group completes the executing warp's).
-      wgmma::wait<1>();
-      if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
-      pending = stage;
-    }
-  }
-  wgmma::wait<0>();
-
-  // Accumulator (row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → bf16 pairs.
+  const int group = warp / 4, gwarp = warp % 4, tid = threadIdx.x % kGroupThreads;
   const int grp = lane / 4, tig = lane % 4;
+  float acc[BN / 2];
+  int c = 0, j = 0, mine = 0;  // the block's chunks and tiles so far, this warpgroup's tiles
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++j) {
+    const ops::AlgRowTile t = p.tiles[tile];
+    if (j % kGroups != group) {  // the other warpgroup's tile: skip its chunks
+      c += tile_chunks(p, t);
+      continue;
+    }
+    // Two warpgroups issue their tiles' products in the block's tile order (one's epilogue
+    // runs during the other's products). This also keeps the full barriers' parity exact: every
+    // chunk before this tile's has been waited for, so a stage's previous use has completed.
+    if constexpr (kGroups > 1) {
+      if (group == 1) tma::wait(&order[1], mine & 1);  // warpgroup 0's tile before this one
+      else if (mine > 0) tma::wait(&order[0], (mine - 1) & 1);  // warpgroup 1's tile before
+    }
+    ++mine;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = 16 * warp + grp + 8 * half;
-    if (i >= t.row_count) continue;
-    uint16_t* out = p.c + static_cast<int64_t>(r_first + p.row_stride * i) * p.ldc + t.col0;
+    for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
+    int pending = -1;  // the stage whose products are still in flight
+    for (int sg = 0; sg < t.seg_count; ++sg) {
+      const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
+      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+        const int stage = c % kStages;
+        tma::wait(&full[stage], (c / kStages) & 1);
+        const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+        if (valid < kAlgTmaChunk) zero_past<BN, kTransW>(a_tile(stage), b_tile(stage), valid, tid, kGroups == 1 ? 1 : 1 + group);
+        wgmma::fence();
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = 8 * j + 2 * tig;
-      if (col >= t.ncols) continue;
-      float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
-      auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
-      if (p.accumulate) {
-        const float2 old = __bfloat1622float2(*dst);
-        v0 += old.x;
-        v1 += old.y;
+        for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk) {
+          const uint64_t da = L::A::k_major(a_tile(stage), 16 * kk);
+          if constexpr (kTransW)
+            wgmma::mma<BN, 0, 0>(acc, da, L::A::k_major(b_tile(stage), 16 * kk), true);
+          else
+            wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(b_tile(stage), 16 * kk), true);
+        }
+        wgmma::commit();
+        // The previous chunk's products are done: its stage is free once every warp's share of
+        // the warpgroup's products has read it (wait_group completes the executing warp's).
+        wgmma::wait<1>();
+        if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
+        pending = stage;
       }
-      *dst = __floats2bfloat162_rn(v0, v1);
+    }
+    if constexpr (kGroups > 1) {
+      if (lane == 0) tma::arrive(&order[1 - group]);  // the other warpgroup's next tile may start
+    }
+    wgmma::wait<0>();
+    if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
+
+    // Accumulator (row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → bf16 pairs.
+    const int r_first = p.rows[t.row_begin];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * gwarp + grp + 8 * half;
+      if (i >= t.row_count) continue;
+      uint16_t* out = p.c + static_cast<int64_t>(r_first + p.row_stride * i) * p.ldc + t.col0;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj) {
+        const int col = 8 * jj + 2 * tig;
+        if (col >= t.ncols) continue;
+        float v0 = acc[4 * jj + 2 * half], v1 = acc[4 * jj + 2 * half + 1];
+        auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
+        if (p.accumulate) {
+          const float2 old = __bfloat1622float2(*dst);
+          v0 += old.x;
+          v1 += old.y;
+        }
+        *dst = __floats2bfloat162_rn(v0, v1);
+      }
     }
   }
 }
@@ -160,15 +209,21 @@ __global__ void __launch_bounds__(kTmaThreads) algproj_tma_kernel(const __grid_c
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  auto kernel = algproj_tma_kernel<cfg.cols, cfg.stages, kTransW>;
+  auto kernel = algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups>;
   constexpr size_t smem = TmaLayout<cfg.cols, cfg.stages>::kSmem;
-  static const bool opted = [&] {
+  constexpr int threads = cfg.groups * kGroupThreads + 32;
+  // Persistent: as many blocks as fit at once (asked once per kernel).
+  static const int resident = [&] {
     QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return true;
+    int dev = 0, sms = 0, per_sm = 0;
+    QV_CUDA_CHECK(cudaGetDevice(&dev));
+    QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    QV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    return std::max(sms * per_sm, 1);
   }();
-  (void)opted;
   if (a.num_tiles == 0) return;
-  kernel<<<a.num_tiles, kTmaThreads, smem, stream>>>(a);
+  const int grid = cfg.persistent ? std::min(a.num_tiles, resident) : a.num_tiles;
+  kernel<<<grid, threads, smem, stream>>>(a);
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

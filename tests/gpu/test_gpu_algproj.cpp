@@ -489,9 +489,10 @@ TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
 TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
-  // The Hopper row pass pinned for the forward and dX, each configuration: strided (cyclic) and
-  // contiguous (interval) rows with partial tiles, one decode row, group widths 80 and 160
-  // (chunks past a segment's end), several output tiles per group; dW calibrated.
+  // The Hopper row pass pinned for the forward and dX, each configuration (one block per tile,
+  // persistent, one or two warpgroups): strided (cyclic) and contiguous (interval) rows with
+  // partial tiles, one decode row, group widths 80 and 160 (chunks past a segment's end),
+  // several output tiles per group; dW calibrated.
   const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384}, dense{"dense:4", {}, {}, 256, 320},
       graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}};
   for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
@@ -503,6 +504,10 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
       check_case(*cs, make_types(Sched::Interval, 300, 4, 2), 411 + c, k);
       check_case(*cs, {2}, 421 + c, k);
     }
+    // Hundreds of tiles: the persistent configurations' blocks walk several, their warpgroups
+    // taking turns.
+    check_case(q4, make_types(Sched::Cyclic, 4096, 4, 1), 431 + c, k);
+    check_case(q2x2, make_types(Sched::Interval, 3000, 4, 2), 441 + c, k);
   }
   // Rows it cannot read as boxes: a clear error, not a wrong result.
   cuda::AlgProj gpu(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 512));
