@@ -386,7 +386,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     // The TMA forward has no reduction pass: its plans are not split.
     const ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
-    if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()), 16);
+    if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -460,7 +460,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   if (kernel.kind == AlgKernel::Kind::Tma) {
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
              "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
-             "interval row types, M a multiple of the stride) and segments of multiples of 16");
+             "interval row types, M a multiple of the stride)");
     const int64_t M = static_cast<int64_t>(types.size());
     const bool fwd = pass == ops::AlgPass::Forward;
     const int cols = detail::kAlgTmaConfigs[kernel.config].cols;
@@ -520,7 +520,8 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   }
 }
 
-AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
+AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, bool tma_ok,
+                          cudaStream_t stream,
                           const std::function<void(const AlgKernel&)>& run) const {
   const AlgKernel products{AlgKernel::Kind::Products, 0};
   const std::optional<AlgKernel>& pin =
@@ -533,8 +534,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
              "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
     QV_CHECK(pin->kind != AlgKernel::Kind::Gemv || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
              "algproj: the few-row kernel runs the forward only, with group offsets that are multiples of 8");
-    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || (pass != ops::AlgPass::DW && fused_vec_ == 8),
-             "algproj: the TMA kernel runs the forward and dX, with group offsets that are multiples of 8");
+    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || (pass != ops::AlgPass::DW && tma_ok),
+             "algproj: the TMA kernel runs the forward and dX, with 16-byte aligned inputs and weights and K, N "
+             "multiples of 8");
     return *pin;
   }
   // Tensors not aligned for the fused copies (views into a packed buffer, say) use the products.
@@ -559,7 +561,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                  config < detail::kAlgGemvConfigCount) {
         best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
         known = true;
-      } else if (kind == "tma" && tma_candidates() && pass != ops::AlgPass::DW && fused_vec_ == 8 && config >= 0 &&
+      } else if (kind == "tma" && tma_candidates() && pass != ops::AlgPass::DW && tma_ok && config >= 0 &&
                  config < detail::kAlgTmaConfigCount && plan(pass, {AlgKernel::Kind::Tma, config}, types, stream).tma_stride > 0) {
         best = {AlgKernel::Kind::Tma, config};
         known = true;
@@ -603,9 +605,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     for (const AlgKernel& k : kernel_candidates(pass)) {
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
-      // The TMA forward: 16-byte aligned tensors (fused_vec_ 8) and a plan its boxes can read.
+      // The TMA row pass: tensors its maps can describe and a plan its boxes can read.
       if (k.kind == AlgKernel::Kind::Tma &&
-          (!tma_candidates() || fused_vec_ != 8 || plan(pass, k, types, stream).tma_stride == 0))
+          (!tma_candidates() || !tma_ok || plan(pass, k, types, stream).tma_stride == 0))
         continue;
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {
@@ -704,7 +706,7 @@ AlgKernel AlgProj::forward_choice(const Tensor& x, const Tensor& w, const std::v
     if (accumulate && !trial.defined()) trial = Tensor::empty({M, N()}, DType::BF16, Device::CUDA);
     forward_run(k, x, w, row_types, accumulate ? trial : y, false, stream);
   };
-  return choose(ops::AlgPass::Forward, row_types, fused_ok, stream, time_one);
+  return choose(ops::AlgPass::Forward, row_types, fused_ok, fused_ok && tma_ok(x.raw(), w.raw()), stream, time_one);
 }
 
 void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
@@ -789,7 +791,8 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
       run_pass(p, q, M, shared_, per_type_, sets, static_cast<uint16_t*>(dx->raw()), scratch_.acc,
                scratch_.part, scratch_.rows_a, scratch_.indices, stream);
     };
-    const AlgKernel k = choose(ops::AlgPass::DX, row_types, inputs_ok && aligned(dx->raw(), fused_vec_), stream, run);
+    const bool dx_ok = inputs_ok && aligned(dx->raw(), fused_vec_);
+    const AlgKernel k = choose(ops::AlgPass::DX, row_types, dx_ok, dx_ok && tma_ok(DY, W), stream, run);
     run(k);
     last_[static_cast<int>(ops::AlgPass::DX)] = k;
   }
@@ -834,7 +837,8 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
     if (!trial.defined()) trial = Tensor::empty({K, N}, DType::F32, Device::CUDA);
     run_into(k, trial, false);
   };
-  const AlgKernel k = choose(ops::AlgPass::DW, row_types, inputs_ok && aligned(dw->raw(), fused_vec_), stream, time_one);
+  const AlgKernel k =
+      choose(ops::AlgPass::DW, row_types, inputs_ok && aligned(dw->raw(), fused_vec_), false, stream, time_one);
   run_into(k, *dw, accumulate_dw);
   last_[static_cast<int>(ops::AlgPass::DW)] = k;
 }

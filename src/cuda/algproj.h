@@ -177,8 +177,14 @@ class AlgProj {
   };
   const DevicePlan& plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,
                          cudaStream_t stream) const;
-  AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, cudaStream_t stream,
-                   const std::function<void(const AlgKernel&)>& run) const;
+  // fused_ok: tensors aligned for the fused kernels' copies; tma_ok: also for the TMA row pass's
+  // tensor maps (the input and W 16-byte aligned, K and N multiples of 8).
+  AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, bool tma_ok,
+                   cudaStream_t stream, const std::function<void(const AlgKernel&)>& run) const;
+  bool tma_ok(const void* input, const void* w) const {
+    return K() % 8 == 0 && N() % 8 == 0 && reinterpret_cast<uintptr_t>(input) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  }
   // `w2`, `out2` (the few-row forward without split reductions only): a second weight bank and
   // output in the same launch, or with `swiglu` (no out2) SwiGLU of both products into out
   // (AlgRowArgs::w2, swiglu).

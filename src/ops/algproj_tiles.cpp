@@ -188,7 +188,7 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   return plan;
 }
 
-int uniform_row_stride(const AlgRowPlan& plan, int64_t M, int seg_multiple) {
+int uniform_row_stride(const AlgRowPlan& plan, int64_t M) {
   int stride = 0;
   for (const AlgRowTile& t : plan.tiles) {
     if (t.row_count < 2) continue;
@@ -199,8 +199,6 @@ int uniform_row_stride(const AlgRowPlan& plan, int64_t M, int seg_multiple) {
       if (plan.rows[t.row_begin + i] - plan.rows[t.row_begin + i - 1] != s) return 0;
   }
   if (stride == 0) stride = 1;  // single rows only
-  for (const AlgSegment& sg : plan.segments)
-    if (sg.len % seg_multiple != 0) return 0;
   return M % stride == 0 ? stride : 0;
 }
 

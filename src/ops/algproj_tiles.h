@@ -101,9 +101,9 @@ constexpr int kAlgSplitAlign = 64;
 
 // The stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (each
 // tile's rows one box of a strided view of the input: cyclic types s = q, contiguous ones 1),
-// with M a multiple of s and every segment a multiple of `seg_multiple` long; 0 where the plan
-// has no such stride (the TMA row pass reads only such plans).
-int uniform_row_stride(const AlgRowPlan& plan, int64_t M, int seg_multiple);
+// with M a multiple of s; 0 where the plan has no such stride (the TMA row pass reads only such
+// plans).
+int uniform_row_stride(const AlgRowPlan& plan, int64_t M);
 
 // split: whether long row lists may be split (see the file comment); min_pieces: where the
 // plan has fewer tiles, lists are also cut into pieces of about (rows of all lists) / min_pieces

@@ -491,15 +491,16 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   register_gpu();
   // The Hopper row pass pinned for the forward and dX, each configuration (one block per tile,
   // persistent, one or two warpgroups): strided (cyclic) and contiguous (interval) rows with
-  // partial tiles, one decode row, group widths 80 and 160 (chunks past a segment's end),
-  // several output tiles per group; dW calibrated.
+  // partial tiles, one decode row, group widths 80 and 160 (chunks past a segment's end) and 20
+  // (segments of 40 starting at any column), several output tiles per group; dW calibrated.
   const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384}, dense{"dense:4", {}, {}, 256, 320},
-      graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}};
+      graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}},
+      narrow{"Q4", {20, 20, 20, 20}, {100, 100, 100, 100}};  // boxes from columns 20, 40, 60: not 16-byte aligned
   for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
     SCOPED_TRACE("tma config " + std::to_string(c));
     const AlgKernel tma{AlgKernel::Kind::Tma, c};
     const cuda::AlgProj::Kernels k{tma, tma, std::nullopt};
-    for (const Case* cs : {&q4, &q2x2, &dense, &graph, &unequal}) {
+    for (const Case* cs : {&q4, &q2x2, &dense, &graph, &unequal, &narrow}) {
       check_case(*cs, make_types(Sched::Cyclic, 260, 4, 1), 401 + c, k);
       check_case(*cs, make_types(Sched::Interval, 300, 4, 2), 411 + c, k);
       check_case(*cs, {2}, 421 + c, k);
