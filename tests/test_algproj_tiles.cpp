@@ -5,6 +5,7 @@
 // unequal widths and any row types.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -320,6 +321,54 @@ TEST(AlgProjTiles, UniformRowStride) {
   EXPECT_EQ(stride(algebra::Schedule::cyclic().types(0, 261, 4)), 0);  // 261 rows: not a multiple of 4
   EXPECT_EQ(stride({3, 1, 3}), 0);                                      // type 3 at stride 2, 3 rows
   EXPECT_EQ(stride({0, 1, 0, 0}), 0);                                   // type 0 at rows 0, 2, 3
+}
+
+// The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,
+// together exactly each tile's rows; cyclic types cut along one type's stride, interval types
+// along their runs, a multi-type list of cyclic types per type; random types refused.
+TEST(AlgProjTiles, WeightChunksCoverEachTileOnce) {
+  const algebra::Law law = algebra::Law::parse("Q2xQ2");
+  const algebra::GroupWidths widths = algebra::GroupWidths::equal(4, 32, 32);
+  auto check = [&](const std::vector<int>& types, int stride, int64_t min_pieces) -> double {
+    const ops::AlgWeightPlan p = ops::plan_weight_pass(law, widths, types, 8, 8, true, min_pieces);
+    const ops::AlgWeightChunks c = ops::plan_weight_chunks(p, types, stride);
+    EXPECT_EQ(c.stride, stride);
+    if (c.tile_begin.size() != p.tiles.size() + 1) {
+      ADD_FAILURE() << "tile_begin has " << c.tile_begin.size() << " entries for " << p.tiles.size() << " tiles";
+      return 0;
+    }
+    int64_t rows = 0;
+    for (size_t t = 0; t < p.tiles.size(); ++t) {
+      std::vector<int32_t> got;
+      for (int32_t i = c.tile_begin[t]; i < c.tile_begin[t + 1]; ++i) {
+        const ops::AlgWeightChunk& ch = c.chunks[i];
+        EXPECT_GE(ch.count, 1);
+        EXPECT_LE(ch.count, ops::kAlgTmaChunkRows);
+        for (int r = 0; r < ch.count; ++r) got.push_back(ch.row0 + r * (ch.strided ? stride : 1));
+      }
+      std::vector<int32_t> want(p.rows.begin() + p.tiles[t].list_begin,
+                                p.rows.begin() + p.tiles[t].list_begin + p.tiles[t].list_count);
+      std::sort(got.begin(), got.end());
+      EXPECT_EQ(got, want) << "tile " << t;
+      rows += p.tiles[t].list_count;
+    }
+    return static_cast<double>(rows) / (static_cast<double>(c.chunks.size()) * ops::kAlgTmaChunkRows);
+  };
+  const double cyclic_fill = check(algebra::Schedule::cyclic().types(0, 4096, 4), 4, 64);
+  EXPECT_GT(cyclic_fill, 0.9);  // pieces of mixed lists end mid-chunk
+  const double interval_fill = check(algebra::Schedule::interval(768).types(0, 3072, 4), 4, 0);
+  EXPECT_GT(interval_fill, 0.99);  // runs of 768 rows
+  check(algebra::Schedule::cyclic().types(0, 260, 4), 4, 0);  // partial chunks at the ends
+  // One row, or random types (runs of one row): chunks of one row, refused; strided chunks with
+  // M not a multiple of the stride: refused.
+  EXPECT_EQ(ops::plan_weight_chunks(ops::plan_weight_pass(law, widths, {2}, 8, 8, false), {2}, 4).stride, 0);
+  std::vector<int> random(4096);
+  Rng rng(10);
+  for (int& t : random) t = static_cast<int>(rng.below(4));
+  const ops::AlgWeightPlan p = ops::plan_weight_pass(law, widths, random, 8, 8, false);
+  EXPECT_EQ(ops::plan_weight_chunks(p, random, 4).stride, 0);
+  const std::vector<int> odd = algebra::Schedule::cyclic().types(0, 261, 4);
+  EXPECT_EQ(ops::plan_weight_chunks(ops::plan_weight_pass(law, widths, odd, 8, 8, false), odd, 4).stride, 0);
 }
 
 TEST(AlgProjTiles, BadArgumentsNameTheProblem) {

@@ -297,9 +297,11 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
     return fmt::format("gemv {}x{}{}", detail::kAlgGemvConfigs[k.config].rows, detail::kAlgGemvConfigs[k.config].cols,
                        k.split ? " split" : "");
   if (k.kind == AlgKernel::Kind::Tma) {
-    const detail::AlgTmaConfig& c = detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}x{}{}{}", detail::kAlgTmaRows, c.cols, detail::kAlgTmaChunk, c.stages,
-                       c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.persistent ? " persistent" : "");
+    const bool dw = pass == ops::AlgPass::DW;
+    const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
+    return fmt::format("tma {}x{} k{}x{}{}{}{}", detail::kAlgTmaRows, c.cols, detail::kAlgTmaChunk, c.stages,
+                       c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.persistent ? " persistent" : "",
+                       k.split ? " split" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
@@ -320,6 +322,11 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
   }
   if (pass != ops::AlgPass::DW)
     for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) out.push_back({AlgKernel::Kind::Tma, c});
+  else
+    for (int c = 0; c < detail::kAlgTmaWeightConfigCount; ++c) {
+      out.push_back({AlgKernel::Kind::Tma, c});
+      out.push_back({AlgKernel::Kind::Tma, c, true});
+    }
   return out;
 }
 
@@ -347,7 +354,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     tile_cols = detail::kAlgGemvConfigs[kernel.config].cols;
   } else if (kernel.kind == AlgKernel::Kind::Tma) {
     tile_rows = detail::kAlgTmaRows;
-    tile_cols = detail::kAlgTmaConfigs[kernel.config].cols;
+    tile_cols = (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config].cols;
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;
     tile_cols = kernel_config(pass, kernel.config).cols;
@@ -363,7 +370,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     if (n) std::memcpy(bytes.data() + at, src, n);
     return at;
   };
-  size_t rows_at, tiles_at, segs_at = 0, splits_at = 0;
+  size_t rows_at, tiles_at, segs_at = 0, splits_at = 0, chunks_at = 0, tile_begin_at = 0;
   int dev = 0, sms = 0;
   QV_CUDA_CHECK(cudaGetDevice(&dev));
   QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -375,6 +382,12 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgWeightSplit));
+    if (kernel.kind == AlgKernel::Kind::Tma) {  // the TMA weight pass reads the rows in chunks
+      const ops::AlgWeightChunks c = ops::plan_weight_chunks(p, types, law_.q());
+      d.tma_stride = c.stride;
+      chunks_at = append(c.chunks.data(), c.chunks.size() * sizeof(ops::AlgWeightChunk));
+      tile_begin_at = append(c.tile_begin.data(), c.tile_begin.size() * sizeof(int32_t));
+    }
     d.num_tiles = static_cast<int>(p.tiles.size());
     d.num_splits = static_cast<int>(p.splits.size());
     d.slot_rows = p.slot_rows;
@@ -417,6 +430,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.tiles = base + tiles_at;
   d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
   d.splits = base + splits_at;
+  d.chunks = base + chunks_at;
+  d.tile_begin = reinterpret_cast<const int32_t*>(base + tile_begin_at);
   plans_.push_back(std::move(d));
   return plans_.back();
 }
@@ -430,28 +445,55 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
            "algproj: a paired call needs the few-row forward without split reductions");
   const int config = kernel.config;
   if (pass == ops::AlgPass::DW) {
-    detail::AlgWeightArgs args{};
-    args.x = static_cast<const uint16_t*>(x->raw());
-    args.ldx = K();
-    args.dy = static_cast<const uint16_t*>(a.raw());
-    args.ldy = N();
-    args.dw = static_cast<float*>(out.raw());
-    args.lddw = N();
-    args.accumulate = accumulate;
-    args.rows = d.rows;
-    args.tiles = static_cast<const ops::AlgWeightTile*>(d.tiles);
-    args.num_tiles = d.num_tiles;
-    args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
-    detail::launch_algproj_weights(args, config, fused_vec_, stream);
+    float* dw = static_cast<float*>(out.raw());
+    float* partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
+    if (kernel.kind == AlgKernel::Kind::Tma) {
+      QV_CHECK(d.tma_stride > 0,
+               "algproj: the TMA weight pass needs row types whose rows run in progressions (cyclic or interval "
+               "types; strided ones with M a multiple of q)");
+      const int64_t M = static_cast<int64_t>(types.size());
+      const int s = d.tma_stride;
+      detail::AlgTmaWeightArgs t{};
+      t.x = tma_map_bf16(x->raw(), M, K(), K(), detail::kAlgTmaChunk, detail::kAlgTmaChunk);
+      t.dy = tma_map_bf16(a.raw(), M, N(), N(), detail::kAlgTmaChunk, detail::kAlgTmaChunk);
+      // Strided chunks exist only where M is a multiple of the stride (ops::plan_weight_chunks).
+      const bool views = s > 1 && M % s == 0;
+      t.xs = views ? tma_map_bf16(x->raw(), M, K(), K(), detail::kAlgTmaChunk, detail::kAlgTmaChunk, s) : t.x;
+      t.dys = views ? tma_map_bf16(a.raw(), M, N(), N(), detail::kAlgTmaChunk, detail::kAlgTmaChunk, s) : t.dy;
+      t.stride = s;
+      t.tiles = static_cast<const ops::AlgWeightTile*>(d.tiles);
+      t.chunks = static_cast<const ops::AlgWeightChunk*>(d.chunks);
+      t.tile_begin = d.tile_begin;
+      t.num_tiles = d.num_tiles;
+      t.dw = dw;
+      t.lddw = N();
+      t.accumulate = accumulate;
+      t.partials = partials;
+      detail::launch_algproj_tma_weights(t, config, stream);
+    } else {
+      detail::AlgWeightArgs args{};
+      args.x = static_cast<const uint16_t*>(x->raw());
+      args.ldx = K();
+      args.dy = static_cast<const uint16_t*>(a.raw());
+      args.ldy = N();
+      args.dw = dw;
+      args.lddw = N();
+      args.accumulate = accumulate;
+      args.rows = d.rows;
+      args.tiles = static_cast<const ops::AlgWeightTile*>(d.tiles);
+      args.num_tiles = d.num_tiles;
+      args.partials = partials;
+      detail::launch_algproj_weights(args, config, fused_vec_, stream);
+    }
     if (d.num_splits > 0) {
       detail::AlgWeightReduceArgs r{};
-      r.partials = args.partials;
+      r.partials = partials;
       r.slot_rows = d.slot_rows;
       r.slot_cols = d.slot_cols;
       r.splits = static_cast<const ops::AlgWeightSplit*>(d.splits);
       r.num_splits = d.num_splits;
-      r.dw = args.dw;
-      r.lddw = args.lddw;
+      r.dw = dw;
+      r.lddw = N();
       r.accumulate = accumulate;
       detail::launch_algproj_reduce_weights(r, stream);
     }
@@ -534,8 +576,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
              "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
     QV_CHECK(pin->kind != AlgKernel::Kind::Gemv || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
              "algproj: the few-row kernel runs the forward only, with group offsets that are multiples of 8");
-    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || (pass != ops::AlgPass::DW && tma_ok),
-             "algproj: the TMA kernel runs the forward and dX, with 16-byte aligned inputs and weights and K, N "
+    QV_CHECK(pin->kind != AlgKernel::Kind::Tma || tma_ok,
+             "algproj: the TMA kernels need 16-byte aligned inputs and weights (x and dY for dW) and K, N "
              "multiples of 8");
     return *pin;
   }
@@ -561,10 +603,13 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                  config < detail::kAlgGemvConfigCount) {
         best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
         known = true;
-      } else if (kind == "tma" && tma_candidates() && pass != ops::AlgPass::DW && tma_ok && config >= 0 &&
-                 config < detail::kAlgTmaConfigCount && plan(pass, {AlgKernel::Kind::Tma, config}, types, stream).tma_stride > 0) {
-        best = {AlgKernel::Kind::Tma, config};
-        known = true;
+      } else if (kind == "tma" && tma_candidates() && tma_ok && config >= 0 &&
+                 config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount)) {
+        const AlgKernel k{AlgKernel::Kind::Tma, config, pass == ops::AlgPass::DW && v->value("split", false)};
+        if (plan(pass, k, types, stream).tma_stride > 0) {
+          best = k;
+          known = true;
+        }
       }
     } catch (const std::exception&) {
       // a malformed entry is calibrated again
@@ -802,7 +847,7 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
     return;
   }
   auto run_into = [&](const AlgKernel& k, Tensor& target, bool accumulate) {
-    if (k.kind == AlgKernel::Kind::Fused) {
+    if (k.kind == AlgKernel::Kind::Fused || k.kind == AlgKernel::Kind::Tma) {
       run_fused(ops::AlgPass::DW, k, dy, w, &x, row_types, target, accumulate, stream);
       return;
     }
@@ -837,8 +882,8 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
     if (!trial.defined()) trial = Tensor::empty({K, N}, DType::F32, Device::CUDA);
     run_into(k, trial, false);
   };
-  const AlgKernel k =
-      choose(ops::AlgPass::DW, row_types, inputs_ok && aligned(dw->raw(), fused_vec_), false, stream, time_one);
+  const bool dw_ok = inputs_ok && aligned(dw->raw(), fused_vec_);
+  const AlgKernel k = choose(ops::AlgPass::DW, row_types, dw_ok, dw_ok && tma_ok(X, DY), stream, time_one);
   run_into(k, *dw, accumulate_dw);
   last_[static_cast<int>(ops::AlgPass::DW)] = k;
 }

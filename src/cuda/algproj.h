@@ -172,7 +172,11 @@ class AlgProj {
     int num_splits = 0, slot_rows = 0, slot_cols = 0;
     Tensor partials;
     int slices = 1;  // the few-row kernel's blocks per tile (AlgRowArgs::slices)
-    int tma_stride = 0;  // the TMA forward's row stride (AlgTmaArgs::row_stride); 0: it cannot run the plan
+    // The TMA row pass's row stride (AlgTmaArgs::row_stride), or the TMA weight pass's chunk
+    // stride (AlgTmaWeightArgs::stride); 0: it cannot run the plan.
+    int tma_stride = 0;
+    const void* chunks = nullptr;  // the TMA weight pass's ops::AlgWeightChunk and tile_begin
+    const int32_t* tile_begin = nullptr;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives
   };
   const DevicePlan& plan(ops::AlgPass pass, const AlgKernel& kernel, const std::vector<int>& types,

@@ -80,6 +80,28 @@ struct AlgTmaArgs {
   bool accumulate;
 };
 
+// The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K) × `cols` columns (N) of one
+// block pair, one block each, reduced over the tile's chunks (ops::AlgWeightChunks: up to 64
+// rows of one progression); per chunk the producer warp loads the rows' x box (the tile's 64 K
+// columns) and dY boxes (its `cols` N columns) by TMA, and one warpgroup's wgmma adds
+// x_chunkᵀ · dY_chunk (both operands MN-major). groups and persistent are not used.
+constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {{128, 4, 1, false}, {64, 6, 1, false}};
+constexpr int kAlgTmaWeightConfigCount = sizeof(kAlgTmaWeightConfigs) / sizeof(kAlgTmaWeightConfigs[0]);
+
+struct AlgTmaWeightArgs {
+  CUtensorMap x, dy;    // [M, K], [M, N]: boxes {64 columns, 64 rows}
+  CUtensorMap xs, dys;  // the same as rank-3 views of the rows r + stride i (x, dy when unused)
+  int stride;
+  const ops::AlgWeightTile* tiles;
+  const ops::AlgWeightChunk* chunks;
+  const int32_t* tile_begin;  // tile t's chunks: [tile_begin[t], tile_begin[t + 1])
+  int num_tiles;
+  float* dw;  // [K, N] fp32: dw = product (+ dw when accumulate)
+  int64_t lddw;
+  bool accumulate;
+  float* partials;  // the plan's slots (tiles with slot >= 0 write there, [64][cols] each)
+};
+
 struct AlgRowArgs {
   const uint16_t* a;  // [M, lda] bf16: x (forward) or dy (dX)
   int64_t lda;
@@ -153,6 +175,8 @@ void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
 // The Hopper row pass with configuration kAlgTmaConfigs[config].
 void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream);
+// The weight pass on TMA; a plan with splits needs launch_algproj_reduce_weights after it.
+void launch_algproj_tma_weights(const AlgTmaWeightArgs& args, int config, cudaStream_t stream);
 // The weight pass; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_weights(const AlgWeightArgs& args, int config, int vec, cudaStream_t stream);
 void launch_algproj_reduce_weights(const AlgWeightReduceArgs& args, cudaStream_t stream);

@@ -206,6 +206,134 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   }
 }
 
+// ---- Weight pass ----------------------------------------------------------------------------
+// One block per dW tile: warp 4 the producer (lane 0 walks the tile's chunks), warps 0-3 one
+// consumer warpgroup. A chunk of `count` < 64 rows has its boxes' rows from count on (the
+// progression's next rows, of other pieces) zeroed first.
+template <int BN>
+__device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* b, int count) {
+  using A = wgmma::Panels<kAlgTmaChunk>;
+  using B = wgmma::Panels<BN>;
+  const int rows = ops::kAlgTmaChunkRows - count;
+  for (int e = threadIdx.x; e < rows * (kAlgTmaChunk / 8); e += kGroupThreads)
+    *reinterpret_cast<uint4*>(a + A::offset(count + e / (kAlgTmaChunk / 8), e % (kAlgTmaChunk / 8) * 8)) =
+        make_uint4(0, 0, 0, 0);
+  for (int e = threadIdx.x; e < rows * (BN / 8); e += kGroupThreads)
+    *reinterpret_cast<uint4*>(b + B::offset(count + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
+  fence_proxy_async_shared();  // the tensor cores read them next
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
+}
+
+template <int BN, int kStages>
+__global__ void __launch_bounds__(kGroupThreads + 32, 1)
+    algproj_tma_weights_kernel(const __grid_constant__ AlgTmaWeightArgs p) {
+  static_assert(ops::kAlgTmaChunkRows == 64, "a chunk's rows are one box of 64");
+  using L = TmaLayout<BN, kStages>;  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  auto a_tile = [&](int s) { return base + s * L::kStageBytes; };
+  auto b_tile = [&](int s) { return base + s * L::kStageBytes + L::A::kBytes; };
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages * L::kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const ops::AlgWeightTile t = p.tiles[blockIdx.x];
+  const int c_begin = p.tile_begin[blockIdx.x], chunks = p.tile_begin[blockIdx.x + 1] - c_begin;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::init(&full[s], 1);
+      tma::init(&empty[s], kGroupThreads / 32);
+    }
+    tma::fence_init();
+  }
+  __syncthreads();
+
+  if (warp == kGroupThreads / 32) {  // the producer
+    if (lane != 0) return;
+    for (int c = 0; c < chunks; ++c) {
+      const int stage = c % kStages;
+      if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
+      tma::arrive_expect(&full[stage], L::kStageBytes);
+      const ops::AlgWeightChunk ch = p.chunks[c_begin + c];
+      if (ch.strided) {
+        const int cls = ch.row0 % p.stride, i0 = ch.row0 / p.stride;
+        tma::load_3d(a_tile(stage), &p.xs, &full[stage], t.k0, cls, i0);
+#pragma unroll
+        for (int pn = 0; pn < BN / 64; ++pn)
+          tma::load_3d(b_tile(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], t.col0 + 64 * pn, cls, i0);
+      } else {
+        tma::load_2d(a_tile(stage), &p.x, &full[stage], t.k0, ch.row0);
+#pragma unroll
+        for (int pn = 0; pn < BN / 64; ++pn)
+          tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], t.col0 + 64 * pn, ch.row0);
+      }
+    }
+    return;
+  }
+
+  float acc[BN / 2] = {};
+  int pending = -1;
+  for (int c = 0; c < chunks; ++c) {
+    const int stage = c % kStages;
+    tma::wait(&full[stage], (c / kStages) & 1);
+    const int count = p.chunks[c_begin + c].count;
+    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(a_tile(stage), b_tile(stage), count);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < ops::kAlgTmaChunkRows / 16; ++kk)
+      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(a_tile(stage), 16 * kk), L::B::mn_major(b_tile(stage), 16 * kk), true);
+    wgmma::commit();
+    wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
+    if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
+    pending = stage;
+  }
+  wgmma::wait<0>();
+
+  // Accumulator (dW row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs, into dW
+  // or the tile's slot.
+  const int grp = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * warp + grp + 8 * half;
+    if (i >= t.nk) continue;
+    float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kAlgTmaChunk * BN) + i * BN
+                             : p.dw + static_cast<int64_t>(t.k0 + i) * p.lddw + t.col0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = 8 * j + 2 * tig;
+      if (col >= t.ncols) continue;
+      float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      auto* dst = reinterpret_cast<float2*>(out + col);
+      if (p.accumulate && t.slot < 0) {
+        const float2 old = *dst;
+        v.x += old.x;
+        v.y += old.y;
+      }
+      *dst = v;
+    }
+  }
+}
+
+template <int I>
+void tma_weight_config(const AlgTmaWeightArgs& a, cudaStream_t stream) {
+  constexpr AlgTmaConfig cfg = kAlgTmaWeightConfigs[I];
+  auto kernel = algproj_tma_weights_kernel<cfg.cols, cfg.stages>;
+  constexpr size_t smem = TmaLayout<cfg.cols, cfg.stages>::kSmem;
+  static const bool opted = [&] {
+    QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return true;
+  }();
+  (void)opted;
+  if (a.num_tiles == 0) return;
+  kernel<<<a.num_tiles, kGroupThreads + 32, smem, stream>>>(a);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int... I>
+void tma_weight_configs(const AlgTmaWeightArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  ((config == I ? tma_weight_config<I>(a, stream) : void()), ...);
+}
+
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
@@ -236,6 +364,10 @@ void tma_configs(const AlgTmaArgs& a, int config, cudaStream_t stream, std::inte
 
 void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream) {
   tma_configs(args, config, stream, std::make_integer_sequence<int, kAlgTmaConfigCount>{});
+}
+
+void launch_algproj_tma_weights(const AlgTmaWeightArgs& args, int config, cudaStream_t stream) {
+  tma_weight_configs(args, config, stream, std::make_integer_sequence<int, kAlgTmaWeightConfigCount>{});
 }
 
 }  // namespace quiver::cuda::detail

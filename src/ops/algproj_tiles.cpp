@@ -299,4 +299,56 @@ AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidt
   return plan;
 }
 
+AlgWeightChunks plan_weight_chunks(const AlgWeightPlan& plan, const std::vector<int>& row_types, int stride) {
+  AlgWeightChunks out;
+  const int64_t M = static_cast<int64_t>(row_types.size());
+  QV_CHECK(stride >= 1, "algproj tiles: chunk stride {} must be positive", stride);
+  // Cuts rows (ascending within each run of one step) into chunks along runs of step 1 or stride.
+  auto cut = [&](const std::vector<int32_t>& rows) {
+    size_t i = 0;
+    while (i < rows.size()) {
+      int32_t d = 1;
+      if (i + 1 < rows.size() && rows[i + 1] - rows[i] == stride) d = stride;
+      size_t n = 1;
+      while (i + n < rows.size() && n < static_cast<size_t>(kAlgTmaChunkRows) &&
+             rows[i + n] - rows[i + n - 1] == d)
+        ++n;
+      out.chunks.push_back({rows[i], static_cast<int16_t>(n), static_cast<int16_t>(d != 1)});
+      i += n;
+    }
+  };
+  auto progression = [](const int32_t* r, int32_t n, int32_t d) {
+    for (int32_t i = 1; i < n; ++i)
+      if (r[i] - r[i - 1] != d) return false;
+    return true;
+  };
+  int64_t rows_total = 0;
+  std::vector<std::vector<int32_t>> by_type;
+  for (const AlgWeightTile& t : plan.tiles) {
+    out.tile_begin.push_back(static_cast<int32_t>(out.chunks.size()));
+    const int32_t* r = plan.rows.data() + t.list_begin;
+    rows_total += t.list_count;
+    if (t.list_count == 0) continue;
+    if (progression(r, t.list_count, 1) || progression(r, t.list_count, stride)) {
+      cut(std::vector<int32_t>(r, r + t.list_count));
+      continue;
+    }
+    by_type.assign(by_type.size(), {});
+    for (int32_t i = 0; i < t.list_count; ++i) {
+      const int ty = row_types[r[i]];
+      if (static_cast<size_t>(ty) >= by_type.size()) by_type.resize(ty + 1);
+      by_type[ty].push_back(r[i]);
+    }
+    for (const std::vector<int32_t>& rows : by_type) cut(rows);
+  }
+  out.tile_begin.push_back(static_cast<int32_t>(out.chunks.size()));
+  narrow(static_cast<int64_t>(out.chunks.size()), "weight chunks");
+  const bool strided = std::any_of(out.chunks.begin(), out.chunks.end(), [](const AlgWeightChunk& c) { return c.strided; });
+  if ((strided && M % stride != 0) ||
+      (!out.chunks.empty() && 2 * rows_total < static_cast<int64_t>(out.chunks.size()) * kAlgTmaChunkRows))
+    return AlgWeightChunks{};
+  out.stride = stride;
+  return out;
+}
+
 }  // namespace quiver::ops

@@ -105,6 +105,29 @@ constexpr int kAlgSplitAlign = 64;
 // plans).
 int uniform_row_stride(const AlgRowPlan& plan, int64_t M);
 
+// The TMA weight pass reads a tile's reduction rows in chunks of up to kAlgTmaChunkRows rows,
+// each one box of a view of x and dY: `count` rows row0, row0 + d, ... with d = 1, or d =
+// `stride` (strided; the plan's one other stride, q for cyclic types).
+struct AlgWeightChunk {
+  int32_t row0;
+  int16_t count;
+  int16_t strided;
+};
+inline constexpr int kAlgTmaChunkRows = 64;
+
+struct AlgWeightChunks {
+  std::vector<AlgWeightChunk> chunks;
+  std::vector<int32_t> tile_begin;  // tile t's chunks: [tile_begin[t], tile_begin[t + 1])
+  int stride = 0;                   // the strided chunks' stride; 0: the plan has no chunking
+};
+
+// The chunks of every tile of a dW plan: a piece whose rows are one progression of step 1 or
+// `stride` is cut along it; any other piece is cut per row type (ascending), each type's rows
+// along their runs of one step. `stride` 0 (no chunking) where a chunk is strided and M is not
+// a multiple of the stride, or the chunks would hold fewer than half their rows on average
+// (irregular row types).
+AlgWeightChunks plan_weight_chunks(const AlgWeightPlan& plan, const std::vector<int>& row_types, int stride);
+
 // split: whether long row lists may be split (see the file comment); min_pieces: where the
 // plan has fewer tiles, lists are also cut into pieces of about (rows of all lists) / min_pieces
 // (the GPU asks for a few blocks per multiprocessor).

@@ -436,6 +436,40 @@ TEST(GpuAlgProj, FewRowKernelsForward) {
   EXPECT_THROW(narrow.forward(x, w, {0}, y), Error);
 }
 
+TEST(GpuAlgProj, TmaWeightPassEveryConfig) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The Hopper weight pass pinned for dW, each configuration whole and split: cyclic rows
+  // (strided chunks), interval rows (runs), partial chunks, Q2⊗Q2's multi-type lists (cut per
+  // type), unequal and narrow groups (tiles past a group's end), and a large M whose few tiles
+  // every list is split for; forward and dX calibrated.
+  const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384},
+      unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}}, narrow{"Q4", {20, 20, 20, 20}, {100, 100, 100, 100}};
+  for (int c = 0; c < 2 * cuda::detail::kAlgTmaWeightConfigCount; ++c) {
+    SCOPED_TRACE("tma weight config " + std::to_string(c / 2) + (c % 2 ? " split" : ""));
+    const cuda::AlgProj::Kernels k{std::nullopt, std::nullopt, AlgKernel{AlgKernel::Kind::Tma, c / 2, c % 2 == 1}};
+    for (const Case* cs : {&q4, &q2x2, &unequal, &narrow}) {
+      check_case(*cs, make_types(Sched::Cyclic, 260, 4, 1), 451 + c, k);
+      check_case(*cs, make_types(Sched::Interval, 300, 4, 2), 461 + c, k);
+    }
+    check_case(q2x2, make_types(Sched::Cyclic, 8192, 4, 1), 471 + c, k);
+  }
+  // Rows it cannot read in chunks: a clear error, not a wrong result.
+  cuda::AlgProj gpu(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 512));
+  gpu.set_kernels({std::nullopt, std::nullopt, AlgKernel{AlgKernel::Kind::Tma, 0}});
+  const int64_t M = 64;
+  const Tensor x = Tensor::zeros({M, 320}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::zeros({320, 512}, DType::BF16, Device::CUDA);
+  const Tensor dy = Tensor::zeros({M, 512}, DType::BF16, Device::CUDA);
+  Tensor dw = Tensor::empty({320, 512}, DType::F32, Device::CUDA);
+  try {
+    gpu.backward(x, w, dy, make_types(Sched::Random, M, 4, 3), nullptr, &dw);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TMA weight pass needs"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
