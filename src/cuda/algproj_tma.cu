@@ -19,10 +19,10 @@
 // when accumulating) while the other warpgroup's products run.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/algproj_fused_launch.h"
+#include "cuda/block_launch.cuh"
 #include "cuda/check.h"
 #include "cuda/mma_ptx.cuh"
 #include "cuda/tma.cuh"
@@ -43,6 +43,17 @@ struct TmaLayout {
   static constexpr uint32_t kStageBytes = A::kBytes + kBBytes;
   // full[kStages], empty[kStages], order[2] barriers after the stages.
   static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + (2 * kStages + 2) * sizeof(uint64_t);
+
+  // The ring in the block's dynamic shared memory (1024-byte aligned for the 128-byte swizzle).
+  struct Ring {
+    unsigned char* base;
+    __device__ explicit Ring(unsigned char* raw) : base(raw + (1024 - smem_addr(raw) % 1024) % 1024) {}
+    __device__ unsigned char* a(int s) const { return base + s * kStageBytes; }
+    __device__ unsigned char* b(int s) const { return a(s) + A::kBytes; }
+    __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
+    __device__ uint64_t* empty() const { return full() + kStages; }
+    __device__ uint64_t* order() const { return empty() + kStages; }
+  };
 };
 
 // The 64-deep chunks of a tile: one per started 64 columns of each segment (producer and
@@ -83,12 +94,12 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   using L = TmaLayout<BN, kStages>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-  auto a_tile = [&](int s) { return base + s * L::kStageBytes; };
-  auto b_tile = [&](int s) { return base + s * L::kStageBytes + L::A::kBytes; };
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages * L::kStageBytes);
-  uint64_t* empty = full + kStages;
-  uint64_t* order = empty + kStages;  // order[g]: the other warpgroup has issued its tile's products
+  const typename L::Ring ring(smem_raw);
+  auto a_tile = [&](int s) { return ring.a(s); };
+  auto b_tile = [&](int s) { return ring.b(s); };
+  uint64_t* full = ring.full();
+  uint64_t* empty = ring.empty();
+  uint64_t* order = ring.order();  // order[g]: the other warpgroup has issued its tile's products
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
@@ -230,11 +241,11 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
   static_assert(ops::kAlgTmaChunkRows == 64, "a chunk's rows are one box of 64");
   using L = TmaLayout<BN, kStages>;  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-  auto a_tile = [&](int s) { return base + s * L::kStageBytes; };
-  auto b_tile = [&](int s) { return base + s * L::kStageBytes + L::A::kBytes; };
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages * L::kStageBytes);
-  uint64_t* empty = full + kStages;
+  const typename L::Ring ring(smem_raw);
+  auto a_tile = [&](int s) { return ring.a(s); };
+  auto b_tile = [&](int s) { return ring.b(s); };
+  uint64_t* full = ring.full();
+  uint64_t* empty = ring.empty();
 
   const ops::AlgWeightTile t = p.tiles[blockIdx.x];
   const int c_begin = p.tile_begin[blockIdx.x], chunks = p.tile_begin[blockIdx.x + 1] - c_begin;
@@ -317,16 +328,8 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
 template <int I>
 void tma_weight_config(const AlgTmaWeightArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaWeightConfigs[I];
-  auto kernel = algproj_tma_weights_kernel<cfg.cols, cfg.stages>;
-  constexpr size_t smem = TmaLayout<cfg.cols, cfg.stages>::kSmem;
-  static const bool opted = [&] {
-    QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return true;
-  }();
-  (void)opted;
-  if (a.num_tiles == 0) return;
-  kernel<<<a.num_tiles, kGroupThreads + 32, smem, stream>>>(a);
-  QV_CUDA_CHECK(cudaGetLastError());
+  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages>>(kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages>::kSmem,
+                                                           a.num_tiles, false, a, stream);
 }
 
 template <int... I>
@@ -337,22 +340,8 @@ void tma_weight_configs(const AlgTmaWeightArgs& a, int config, cudaStream_t stre
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  auto kernel = algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups>;
-  constexpr size_t smem = TmaLayout<cfg.cols, cfg.stages>::kSmem;
-  constexpr int threads = cfg.groups * kGroupThreads + 32;
-  // Persistent: as many blocks as fit at once (asked once per kernel).
-  static const int resident = [&] {
-    QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    int dev = 0, sms = 0, per_sm = 0;
-    QV_CUDA_CHECK(cudaGetDevice(&dev));
-    QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    QV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    return std::max(sms * per_sm, 1);
-  }();
-  if (a.num_tiles == 0) return;
-  const int grid = cfg.persistent ? std::min(a.num_tiles, resident) : a.num_tiles;
-  kernel<<<grid, threads, smem, stream>>>(a);
-  QV_CUDA_CHECK(cudaGetLastError());
+  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups>>(
+      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages>::kSmem, a.num_tiles, cfg.persistent, a, stream);
 }
 
 template <int... I>
