@@ -321,6 +321,16 @@ TEST(AlgProjTiles, UniformRowStride) {
   EXPECT_EQ(stride(algebra::Schedule::cyclic().types(0, 261, 4)), 0);  // 261 rows: not a multiple of 4
   EXPECT_EQ(stride({3, 1, 3}), 0);                                      // type 3 at stride 2, 3 rows
   EXPECT_EQ(stride({0, 1, 0, 0}), 0);                                   // type 0 at rows 0, 2, 3
+  // Boxes start at 16-byte boundaries: groups of 24 columns do, groups of 20 do not.
+  auto stride_of = [&](int in, int out) {
+    const std::vector<int> types = algebra::Schedule::cyclic().types(0, 260, 4);
+    const ops::AlgRowPlan p = ops::plan_row_pass(q4, algebra::GroupWidths::equal(4, 4 * in, 4 * out), types,
+                                                 ops::AlgPass::Forward, 64, 128, false);
+    return ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
+  };
+  EXPECT_EQ(stride_of(24, 104), 4);
+  EXPECT_EQ(stride_of(20, 104), 0);  // segments from column 20
+  EXPECT_EQ(stride_of(24, 100), 0);  // output tiles from column 100
 }
 
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,
@@ -369,6 +379,10 @@ TEST(AlgProjTiles, WeightChunksCoverEachTileOnce) {
   EXPECT_EQ(ops::plan_weight_chunks(p, random, 4).stride, 0);
   const std::vector<int> odd = algebra::Schedule::cyclic().types(0, 261, 4);
   EXPECT_EQ(ops::plan_weight_chunks(ops::plan_weight_pass(law, widths, odd, 8, 8, false), odd, 4).stride, 0);
+  // Tiles from a column that is not a multiple of 8 (groups of 20): refused.
+  const std::vector<int> cyc = algebra::Schedule::cyclic().types(0, 256, 4);
+  const ops::AlgWeightPlan narrow = ops::plan_weight_pass(law, algebra::GroupWidths::equal(4, 80, 32), cyc, 8, 8, false);
+  EXPECT_EQ(ops::plan_weight_chunks(narrow, cyc, 4).stride, 0);
 }
 
 TEST(AlgProjTiles, BadArgumentsNameTheProblem) {

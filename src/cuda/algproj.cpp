@@ -450,7 +450,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     if (kernel.kind == AlgKernel::Kind::Tma) {
       QV_CHECK(d.tma_stride > 0,
                "algproj: the TMA weight pass needs row types whose rows run in progressions (cyclic or interval "
-               "types; strided ones with M a multiple of q)");
+               "types; strided ones with M a multiple of q) and group offsets that are multiples of 8");
       const int64_t M = static_cast<int64_t>(types.size());
       const int s = d.tma_stride;
       detail::AlgTmaWeightArgs t{};
@@ -502,7 +502,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   if (kernel.kind == AlgKernel::Kind::Tma) {
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
              "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
-             "interval row types, M a multiple of the stride)");
+             "interval row types, M a multiple of the stride) and group offsets that are multiples of 8");
     const int64_t M = static_cast<int64_t>(types.size());
     const bool fwd = pass == ops::AlgPass::Forward;
     const int cols = detail::kAlgTmaConfigs[kernel.config].cols;

@@ -50,9 +50,9 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 // whose A (x or dY) and W boxes a producer warp loads by TMA into a ring of `stages` 64-deep
 // chunks, consumed by `groups` warpgroups' wgmma (taking the block's tiles in turn); one block
 // per tile, or `persistent` (as many blocks as fit, each walking every gridDim-th tile). Plans
-// whose tiles' rows are progressions of one stride (cyclic or interval types), even group
-// offsets, the input and W 16-byte aligned, K and N multiples of 8 (AlgProj checks); segments
-// of any length (a box may start at any column).
+// whose tiles' rows are progressions of one stride (cyclic or interval types), group offsets
+// that are multiples of 8 (a box's first column on a 16-byte boundary), the input and W 16-byte
+// aligned, K and N multiples of 8 (AlgProj checks); segments of any length.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;

@@ -198,6 +198,10 @@ int uniform_row_stride(const AlgRowPlan& plan, int64_t M) {
     for (int i = 2; i < t.row_count; ++i)
       if (plan.rows[t.row_begin + i] - plan.rows[t.row_begin + i - 1] != s) return 0;
   }
+  for (const AlgRowTile& t : plan.tiles)
+    if (t.col0 % kAlgTmaAlign != 0) return 0;
+  for (const AlgSegment& sg : plan.segments)
+    if (sg.k0 % kAlgTmaAlign != 0) return 0;
   if (stride == 0) stride = 1;  // single rows only
   return M % stride == 0 ? stride : 0;
 }
@@ -325,6 +329,7 @@ AlgWeightChunks plan_weight_chunks(const AlgWeightPlan& plan, const std::vector<
   int64_t rows_total = 0;
   std::vector<std::vector<int32_t>> by_type;
   for (const AlgWeightTile& t : plan.tiles) {
+    if (t.k0 % kAlgTmaAlign != 0 || t.col0 % kAlgTmaAlign != 0) return AlgWeightChunks{};
     out.tile_begin.push_back(static_cast<int32_t>(out.chunks.size()));
     const int32_t* r = plan.rows.data() + t.list_begin;
     rows_total += t.list_count;

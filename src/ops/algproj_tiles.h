@@ -101,9 +101,13 @@ constexpr int kAlgSplitAlign = 64;
 
 // The stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (each
 // tile's rows one box of a strided view of the input: cyclic types s = q, contiguous ones 1),
-// with M a multiple of s; 0 where the plan has no such stride (the TMA row pass reads only such
-// plans).
+// with M a multiple of s, and every segment's first reduction column and every tile's first
+// output column a multiple of kAlgTmaAlign; 0 where the plan has no such stride (the TMA row
+// pass reads only such plans).
 int uniform_row_stride(const AlgRowPlan& plan, int64_t M);
+// A TMA box's innermost coordinate must address a 16-byte boundary (the hardware faults with an
+// illegal instruction otherwise): 8 bf16 columns.
+inline constexpr int kAlgTmaAlign = 8;
 
 // The TMA weight pass reads a tile's reduction rows in chunks of up to kAlgTmaChunkRows rows,
 // each one box of a view of x and dY: `count` rows row0, row0 + d, ... with d = 1, or d =
@@ -123,9 +127,10 @@ struct AlgWeightChunks {
 
 // The chunks of every tile of a dW plan: a piece whose rows are one progression of step 1 or
 // `stride` is cut along it; any other piece is cut per row type (ascending), each type's rows
-// along their runs of one step. `stride` 0 (no chunking) where a chunk is strided and M is not
-// a multiple of the stride, or the chunks would hold fewer than half their rows on average
-// (irregular row types).
+// along their runs of one step. `stride` 0 (no chunking) where a tile's first row or column is
+// not a multiple of kAlgTmaAlign (its boxes' innermost coordinates), a chunk is strided and M
+// is not a multiple of the stride, or the chunks would hold fewer than half their rows on
+// average (irregular row types).
 AlgWeightChunks plan_weight_chunks(const AlgWeightPlan& plan, const std::vector<int>& row_types, int stride);
 
 // split: whether long row lists may be split (see the file comment); min_pieces: where the
