@@ -736,6 +736,18 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
   finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key);
 }
 
+// The two-pass wgmma backward's occupancy (blocks per multiprocessor the registers must allow,
+// __launch_bounds__'s second argument). The passes are latency-bound with two 4-warp blocks per
+// SM (ncu at width 64: tensor pipe 19% active, no pipe near its limit), so at padded widths 48
+// and 64 dK/dV is held to 168 registers (3 blocks; at most 80 bytes spilled) and dQ to 128 (4
+// blocks; none spilled). H200, FlashRelation backward: 1.462 → 1.213 ms at (64, 1024, 8, 48),
+// 2.730 → 2.319 ms at (32, 2048, 8, 64). At width 80 the same bounds spill 280-440 bytes and
+// were slower (2.90 → 3.88 ms), so other widths keep the compiler's choice (0: no minimum).
+template <int kPadded>
+inline constexpr int kDkdvMinBlocks = kPadded == 48 || kPadded == 64 ? 3 : 0;
+template <int kPadded>
+inline constexpr int kDqMinBlocks = kPadded == 48 || kPadded == 64 ? 4 : 0;
+
 // The wgmma backward's two score products over the head width, from zero, waited for: acc =
 // A · B^T and acc2 = A2 · B2^T for the swizzled 64-row tiles a, b, a2, b2 (all K-major).
 template <int kPadded>
@@ -767,8 +779,8 @@ __device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], c
 // staged in a swizzled tile, A MN-major, and K MN-major), writes it into a shared fp32 tile laid
 // out as the sums a.dq_accum are, and one thread adds the whole tile into them by one bulk
 // reduction, which runs while the next iteration computes (dq_finish_kernel rounds the sums).
-template <int kPadded, class Rule, bool kAtomicDq>
-__global__ void __launch_bounds__(kThreads) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
+template <int kPadded, class Rule, bool kAtomicDq, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
   static_assert(kPadded <= 96, "the wgmma backward takes head widths up to 96");
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
@@ -1033,8 +1045,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
 // dQ on wgmma (head widths up to kWgmmaBackwardWidth): dq_kernel's grid, loop and rule step,
 // with S = Q K^T and dP = dO V^T from swizzled shared tiles (K-major) and dQ += dS K with dS from
 // registers and K MN-major.
-template <int kPadded, class Rule>
-__global__ void __launch_bounds__(kThreads) dq_wgmma_kernel(const BackwardIo a, const Rule rule) {
+template <int kPadded, class Rule, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) dq_wgmma_kernel(const BackwardIo a, const Rule rule) {
   constexpr int kDTiles = kPadded / 8;
   constexpr int kKeyTiles = kTile / 8;
   constexpr int kT = kSwizzledTile<kPadded>;
@@ -1214,8 +1226,8 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
     QV_CUDA_CHECK(cudaGetLastError());
   };
   if constexpr (kPadded <= kWgmmaBackwardWidth)
-    two_passes(dkdv_wgmma_kernel<kPadded, Rule, false>, dkdv_wgmma_smem<kPadded, false>(),
-               dq_wgmma_kernel<kPadded, Rule>, dq_wgmma_smem<kPadded>());
+    two_passes(dkdv_wgmma_kernel<kPadded, Rule, false, kDkdvMinBlocks<kPadded>>, dkdv_wgmma_smem<kPadded, false>(),
+               dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>>, dq_wgmma_smem<kPadded>());
   else
     two_passes(dkdv_kernel<kPadded, Rule>, dkdv_smem<kPadded>(), dq_kernel<kPadded, Rule>, dq_smem<kPadded>());
 }
