@@ -53,6 +53,16 @@ struct TmaLayout {
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
     __device__ uint64_t* order() const { return empty() + kStages; }
+    // By one thread, before a __syncthreads: each full barrier completes on the producer's
+    // arrival and its bytes, each empty and order barrier on one arrival per consumer warp.
+    __device__ void init() const {
+      for (int s = 0; s < kStages; ++s) {
+        tma::init(&full()[s], 1);
+        tma::init(&empty()[s], kGroupThreads / 32);
+      }
+      for (int g = 0; g < 2; ++g) tma::init(&order()[g], kGroupThreads / 32);
+      tma::fence_init();
+    }
   };
 };
 
@@ -95,22 +105,13 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   using L = TmaLayout<BN, kStages>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
-  auto a_tile = [&](int s) { return ring.a(s); };
-  auto b_tile = [&](int s) { return ring.b(s); };
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
   uint64_t* order = ring.order();  // order[g]: the other warpgroup has issued its tile's products
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::init(&full[s], 1);
-      tma::init(&empty[s], kGroupThreads / 32);  // one arrival per warp of the consuming warpgroup
-    }
-    for (int g = 0; g < 2; ++g) tma::init(&order[g], kGroupThreads / 32);
-    tma::fence_init();
-  }
-  __syncthreads();
 
   if (warp == kGroups * kGroupThreads / 32) {  // the producer
     if (lane != 0) return;
@@ -126,15 +127,15 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
           if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);  // its last chunk was consumed
           tma::arrive_expect(&full[stage], L::kStageBytes);
           if (s_rows > 1)
-            tma::load_3d(a_tile(stage), &p.x, &full[stage], k0, cls, i0);
+            tma::load_3d(ring.a(stage), &p.x, &full[stage], k0, cls, i0);
           else
-            tma::load_2d(a_tile(stage), &p.x, &full[stage], k0, r_first);
+            tma::load_2d(ring.a(stage), &p.x, &full[stage], k0, r_first);
           if constexpr (kTransW) {
-            tma::load_2d(b_tile(stage), &p.w, &full[stage], k0, t.col0);
+            tma::load_2d(ring.b(stage), &p.w, &full[stage], k0, t.col0);
           } else {
 #pragma unroll
             for (int pn = 0; pn < BN / 64; ++pn)
-              tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+              tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
           }
         }
       }
@@ -169,15 +170,15 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         const int stage = c % kStages;
         tma::wait(&full[stage], (c / kStages) & 1);
         const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-        if (valid < kAlgTmaChunk) zero_past<BN, kTransW>(a_tile(stage), b_tile(stage), valid, tid, kGroups == 1 ? 1 : 1 + group);
+        if (valid < kAlgTmaChunk) zero_past<BN, kTransW>(ring.a(stage), ring.b(stage), valid, tid, kGroups == 1 ? 1 : 1 + group);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk) {
-          const uint64_t da = L::A::k_major(a_tile(stage), 16 * kk);
+          const uint64_t da = L::A::k_major(ring.a(stage), 16 * kk);
           if constexpr (kTransW)
-            wgmma::mma<BN, 0, 0>(acc, da, L::A::k_major(b_tile(stage), 16 * kk), true);
+            wgmma::mma<BN, 0, 0>(acc, da, L::A::k_major(ring.b(stage), 16 * kk), true);
           else
-            wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(b_tile(stage), 16 * kk), true);
+            wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(ring.b(stage), 16 * kk), true);
         }
         wgmma::commit();
         // The previous chunk's products are done: its stage is free once every warp's share of
@@ -242,22 +243,14 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
   using L = TmaLayout<BN, kStages>;  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
-  auto a_tile = [&](int s) { return ring.a(s); };
-  auto b_tile = [&](int s) { return ring.b(s); };
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
 
   const ops::AlgWeightTile t = p.tiles[blockIdx.x];
   const int c_begin = p.tile_begin[blockIdx.x], chunks = p.tile_begin[blockIdx.x + 1] - c_begin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::init(&full[s], 1);
-      tma::init(&empty[s], kGroupThreads / 32);
-    }
-    tma::fence_init();
-  }
-  __syncthreads();
 
   if (warp == kGroupThreads / 32) {  // the producer
     if (lane != 0) return;
@@ -268,15 +261,15 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
       const ops::AlgWeightChunk ch = p.chunks[c_begin + c];
       if (ch.strided) {
         const int cls = ch.row0 % p.stride, i0 = ch.row0 / p.stride;
-        tma::load_3d(a_tile(stage), &p.xs, &full[stage], t.k0, cls, i0);
+        tma::load_3d(ring.a(stage), &p.xs, &full[stage], t.k0, cls, i0);
 #pragma unroll
         for (int pn = 0; pn < BN / 64; ++pn)
-          tma::load_3d(b_tile(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], t.col0 + 64 * pn, cls, i0);
+          tma::load_3d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], t.col0 + 64 * pn, cls, i0);
       } else {
-        tma::load_2d(a_tile(stage), &p.x, &full[stage], t.k0, ch.row0);
+        tma::load_2d(ring.a(stage), &p.x, &full[stage], t.k0, ch.row0);
 #pragma unroll
         for (int pn = 0; pn < BN / 64; ++pn)
-          tma::load_2d(b_tile(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], t.col0 + 64 * pn, ch.row0);
+          tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], t.col0 + 64 * pn, ch.row0);
       }
     }
     return;
@@ -288,11 +281,11 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
     const int stage = c % kStages;
     tma::wait(&full[stage], (c / kStages) & 1);
     const int count = p.chunks[c_begin + c].count;
-    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(a_tile(stage), b_tile(stage), count);
+    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(ring.a(stage), ring.b(stage), count);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < ops::kAlgTmaChunkRows / 16; ++kk)
-      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(a_tile(stage), 16 * kk), L::B::mn_major(b_tile(stage), 16 * kk), true);
+      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(ring.a(stage), 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk), true);
     wgmma::commit();
     wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
     if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
