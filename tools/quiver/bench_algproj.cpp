@@ -3,6 +3,7 @@
 // the ideal 1/ρ.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "algebra/law.h"
@@ -102,7 +103,22 @@ void run_cuda(const BenchArgs& a) {
   std::string machine = fmt::format("{} (GPU), host {}", cuda::device_name(), cpu_description());
   print_table(table);
   std::string path = write_results(a.results_dir, "algproj-cuda", machine, rows);
-  fmt::print("machine: {}\nresults: {}\n", machine, path);
+  // Table 1's rows (the forwards with a paper speedup): ours against the paper's, and parity.
+  nlohmann::ordered_json table1 = nlohmann::ordered_json::array();
+  double most = 1;
+  for (const auto& r : rows)
+    if (r["pass"] == "forward" && r["paper_speedup"].is_number()) {
+      table1.push_back(r);
+      most = std::max({most, r["paper_speedup"].get<double>(), r["speedup"].get<double>()});
+    }
+  std::vector<train::PlotSeries> series = row_series(table1, "model", "paper_speedup", "speedup");
+  series.push_back({"ours = paper's", {0, most}, {0, most}});
+  train::PlotOptions plot;
+  plot.title = fmt::format("Table 1 on {}: forward speedup over dense, ours against the paper's", cuda::device_name());
+  plot.x_label = "the paper's speedup";
+  plot.y_label = "our speedup (warm)";
+  const std::string svg = write_plot(path, series, plot);
+  fmt::print("machine: {}\nresults: {}\nplot: {}\n", machine, path, svg);
   for (const auto& r : rows)
     QV_CHECK(r["correct"].get<bool>(), "bench algproj: {} {} M={} q={} failed its correctness check (error {})",
              r["model"].get<std::string>(), r["pass"].get<std::string>(), r["M"].get<int64_t>(), r["q"].get<int>(),

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "quiver/error.h"
+#include "train/checkpoint.h"
 
 namespace quiver::cli {
 
@@ -145,6 +148,47 @@ void print_table(const nlohmann::ordered_json& rows) {
     for (size_t i = 0; i < keys.size(); ++i) line += fmt::format("{:>{}}  ", cell(row, keys[i]), width[i]);
     fmt::print("{}\n", line);
   }
+}
+
+std::vector<train::PlotSeries> row_series(const nlohmann::ordered_json& rows, const std::string& group,
+                                          const std::string& x, const std::string& y) {
+  auto number = [](const nlohmann::ordered_json& row, const std::string& key, double& out) {
+    if (!row.contains(key) || !row[key].is_number()) return false;
+    out = row[key].get<double>();
+    return std::isfinite(out);
+  };
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::pair<double, double>>> points;
+  for (const auto& row : rows) {
+    double px = 0, py = 0;
+    if (!number(row, x, px) || !number(row, y, py)) continue;
+    const std::string name = row.contains(group) && row[group].is_string() ? row[group].get<std::string>() : "";
+    if (!points.count(name)) order.push_back(name);
+    points[name].emplace_back(px, py);
+  }
+  std::vector<train::PlotSeries> out;
+  for (const std::string& name : order) {
+    std::vector<std::pair<double, double>>& p = points[name];
+    std::stable_sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    train::PlotSeries s;
+    s.label = name;
+    s.markers = true;
+    for (const auto& [px, py] : p) {
+      s.x.push_back(px);
+      s.y.push_back(py);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string write_plot(const std::string& json_path, const std::vector<train::PlotSeries>& series,
+                       const train::PlotOptions& options) {
+  QV_CHECK(json_path.size() > 5 && json_path.substr(json_path.size() - 5) == ".json",
+           "bench plot: '{}' is not a results file (.json)", json_path);
+  const std::string path = json_path.substr(0, json_path.size() - 5) + ".svg";
+  train::write_text_atomic(path, train::render_svg(series, options));
+  return path;
 }
 
 }  // namespace quiver::cli

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/plot.h"
+
 namespace quiver::cli {
 
 struct Timing {
@@ -32,5 +34,16 @@ std::string write_results(const std::string& dir, const std::string& name,
 
 // Prints rows as an aligned text table to stdout (the same columns).
 void print_table(const nlohmann::ordered_json& rows);
+
+// Plot series of benchmark rows: one line with markers per distinct value of the string column
+// `group` (first-seen order) through the rows' (x, y) sorted by x; rows without a finite
+// number in x or y are left out.
+std::vector<train::PlotSeries> row_series(const nlohmann::ordered_json& rows, const std::string& group,
+                                          const std::string& x, const std::string& y);
+
+// Writes the plot beside a results file (write_results' JSON path, .json → .svg), atomically;
+// returns its path.
+std::string write_plot(const std::string& json_path, const std::vector<train::PlotSeries>& series,
+                       const train::PlotOptions& options);
 
 }  // namespace quiver::cli
