@@ -104,6 +104,22 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// Random float64 x [M, K], dy [M, N] and the reference dW of `law` (the inputs of a dW plan's check).
+struct WeightCase {
+  Tensor x, dy, dw_ref;
+};
+WeightCase weight_case(const algebra::Law& law, const algebra::GroupWidths& widths, const std::vector<int>& types,
+                       uint64_t seed) {
+  const int64_t M = static_cast<int64_t>(types.size()), K = widths.K(), N = widths.N();
+  Rng rng(seed);
+  WeightCase c{quiver::testing::random_tensor({M, K}, DType::F64, rng), Tensor{}, Tensor::empty({K, N}, DType::F64)};
+  const Tensor w = quiver::testing::random_tensor({K, N}, DType::F64, rng);
+  c.dy = quiver::testing::random_tensor({M, N}, DType::F64, rng);
+  Tensor dx_ref = Tensor::empty({M, K}, DType::F64);
+  ops::algproj_reference_backward(c.x, w, c.dy, law, widths, types, dx_ref, c.dw_ref);
+  return c;
+}
+
 bool each_once(const std::vector<int>& writes) {
   for (int v : writes)
     if (v != 1) return false;
@@ -249,12 +265,7 @@ TEST(AlgProjTiles, LongRowListsAreSplit) {
   const algebra::Law q16 = algebra::Law::complete(16);
   const algebra::GroupWidths widths = algebra::GroupWidths::equal(16, 64, 64);
   const std::vector<int> types = algebra::Schedule::cyclic().types(0, 2048, 16);
-  Rng rng(8);
-  const Tensor x = quiver::testing::random_tensor({2048, 64}, DType::F64, rng);
-  const Tensor w = quiver::testing::random_tensor({64, 64}, DType::F64, rng);
-  const Tensor dy = quiver::testing::random_tensor({2048, 64}, DType::F64, rng);
-  Tensor dx_ref = Tensor::empty({2048, 64}, DType::F64), dw_ref = Tensor::empty({64, 64}, DType::F64);
-  ops::algproj_reference_backward(x, w, dy, q16, widths, types, dx_ref, dw_ref);
+  const auto [x, dy, dw_ref] = weight_case(q16, widths, types, 8);
   const ops::AlgWeightPlan p = ops::plan_weight_pass(q16, widths, types, 4, 4);
   ASSERT_EQ(p.splits.size(), 16u);  // one 4 × 4 tile per diagonal block
   for (const ops::AlgWeightSplit& sp : p.splits) EXPECT_EQ(sp.parts, 4);
@@ -281,12 +292,7 @@ TEST(AlgProjTiles, FewTilesAreSplit) {
   const algebra::Law law = algebra::Law::parse("Q2xQ2");
   const algebra::GroupWidths widths = algebra::GroupWidths::equal(4, 32, 32);
   const std::vector<int> types = algebra::Schedule::cyclic().types(0, 8192, 4);
-  Rng rng(9);
-  const Tensor x = quiver::testing::random_tensor({8192, 32}, DType::F64, rng);
-  const Tensor w = quiver::testing::random_tensor({32, 32}, DType::F64, rng);
-  const Tensor dy = quiver::testing::random_tensor({8192, 32}, DType::F64, rng);
-  Tensor dx_ref = Tensor::empty({8192, 32}, DType::F64), dw_ref = Tensor::empty({32, 32}, DType::F64);
-  ops::algproj_reference_backward(x, w, dy, law, widths, types, dx_ref, dw_ref);
+  const auto [x, dy, dw_ref] = weight_case(law, widths, types, 9);
   const ops::AlgWeightPlan median_only = ops::plan_weight_pass(law, widths, types, 8, 8);
   ASSERT_EQ(median_only.tiles.size(), 16u);  // one 8 × 8 tile per block
   EXPECT_TRUE(median_only.splits.empty());
