@@ -511,6 +511,8 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
                        d.tma_stride);
     // Forward: boxes of 64 W rows (k) × one 64-column panel; dX: `cols` W rows (dX columns) × 64 (n).
     t.w = tma_map_bf16(w.raw(), K(), N(), N(), fwd ? detail::kAlgTmaChunk : cols, 64);
+    t.x16 = tma_map_bf16(a.raw(), M, fwd ? K() : N(), fwd ? K() : N(), detail::kAlgTmaRows, 16, d.tma_stride);
+    t.w16 = tma_map_bf16(w.raw(), K(), N(), N(), fwd ? 16 : cols, fwd ? 64 : 16);
     t.w_transposed = !fwd;
     t.row_stride = d.tma_stride;
     t.rows = d.rows;
@@ -585,7 +587,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj6|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj7|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

@@ -69,6 +69,9 @@ struct AlgTmaArgs {
   CUtensorMap x;
   // W [K, N]: boxes {64 n, 64 k} (forward) or {64 n, cols k} (dX, w_transposed).
   CUtensorMap w;
+  // A segment's tail in 16-deep slices: x16 boxes {16, 64 rows} (as x), w16 boxes {64 n, 16 k}
+  // (forward) or {16 n, cols k} (dX).
+  CUtensorMap x16, w16;
   bool w_transposed;
   int row_stride;
   const int32_t* rows;  // device copies of an ops::AlgRowPlan without splits

@@ -9,14 +9,18 @@
 // k0 .. k0 + 63) and the W box: forward, W rows k0 .. k0 + 63 and the tile's columns (one box
 // per 64-column panel, MN-major); dX (kTransW), W rows = the tile's dX columns, W columns
 // k0 .. k0 + 63 (one box of BN 128-byte rows, K-major). So the producer runs ahead into the
-// next tile while the consumers finish one. A consumer warpgroup counts the chunks of the tiles
-// it skips (the other warpgroup's), waits until the other has issued the products of the tile
-// before (an order barrier each way), waits for its own chunks' stages, runs their four k16 steps
-// as wgmma m64nBNk16 (both operands 128-byte swizzled as TMA wrote them), keeps one chunk's
-// products in flight and releases the stage before it (each warp's lane 0 arrives), and the
-// last one at the tile's end. A chunk past a segment's end has the rest of its box (the next
-// group's columns) zeroed first (zero_past). The epilogue rounds once to bf16 (+ the old value
-// when accumulating) while the other warpgroup's products run.
+// next tile while the consumers finish one. A segment's tail (fewer than 64 k left) comes as
+// 16-deep slices instead (kSlice): x's slice one 32-byte-swizzled panel of 64 rows, W's its 16
+// rows of each 64-column panel (forward) or one 32-byte-swizzled panel of BN rows (dX), so a
+// tail of 16, 32 or 48 moves only its own bytes. A consumer warpgroup counts the chunks of the
+// tiles it skips (the other warpgroup's), waits until the other has issued the products of the
+// tile before (an order barrier each way), waits for its own chunks' stages, runs their four k16
+// steps as wgmma m64nBNk16 (operands swizzled as TMA wrote them; a tail's steps past its slices
+// read zero operands), keeps one chunk's products in flight and releases the stage before it
+// (each warp's lane 0 arrives), and the last one at the tile's end. A tail whose length is not a
+// multiple of 16 has the rest of its last slice (the next group's columns) zeroed first
+// (zero_slice_past). The epilogue rounds once to bf16 (+ the old value when accumulating) while
+// the other warpgroup's products run.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -41,8 +45,12 @@ struct TmaLayout {
   static constexpr uint32_t kBBytes = BN * 128;
   static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
   static constexpr uint32_t kStageBytes = A::kBytes + kBBytes;
-  // full[kStages], empty[kStages], order[2] barriers after the stages.
-  static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + (2 * kStages + 2) * sizeof(uint64_t);
+  // full[kStages], empty[kStages], order[2] barriers after the stages, then (1024-byte aligned)
+  // the zero operands of a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16
+  // of W.
+  static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
+  static_assert((2 * kStages + 2) * sizeof(uint64_t) <= 1024, "the barriers fit below the zero operands");
+  static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
 
   // The ring in the block's dynamic shared memory (1024-byte aligned for the 128-byte swizzle).
   struct Ring {
@@ -53,6 +61,14 @@ struct TmaLayout {
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
     __device__ uint64_t* order() const { return empty() + kStages; }
+    __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
+    __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
+    // By every thread, before a __syncthreads: the zero operands.
+    __device__ void zero() const {
+      for (uint32_t o = 16 * threadIdx.x; o < kZeroBytes; o += 16 * blockDim.x)
+        *reinterpret_cast<uint4*>(zero_a() + o) = make_uint4(0, 0, 0, 0);
+      fence_proxy_async_shared();  // read by the tensor cores
+    }
     // By one thread, before a __syncthreads: each full barrier completes on the producer's
     // arrival and its bytes, each empty and order barrier on one arrival per consumer warp.
     __device__ void init() const {
@@ -74,21 +90,37 @@ __device__ __forceinline__ int tile_chunks(const AlgTmaArgs& p, const ops::AlgRo
   return n;
 }
 
-// A chunk that runs past its segment's end (valid < 64 of its k): the consumer warpgroup zeroes
-// x's columns and W's rows from `valid` on, so that the chunk's four k16 steps add nothing of
-// the next group (unconditional steps: a data-dependent count would serialize the wgmma).
-// tid: the thread's index in its warpgroup; barrier: the warpgroup's named barrier (1 or 2).
+// A segment's tail: `valid` < 64 of its k, loaded as ceil(valid / 16) slices of 16 k.
+inline constexpr int kSlice = 16;
+__host__ __device__ constexpr int tail_slices(int valid) { return (valid + kSlice - 1) / kSlice; }
+// Bytes of one slice: A's 64 rows × 16 k and W's 16 k × BN columns (both 32 bytes a row or column).
+template <int BN>
+inline constexpr uint32_t kSliceBytes = (kAlgTmaRows + BN) * kSlice * 2;
+using SlicePanel = wgmma::Panels<kSlice>;  // a slice as a K-major operand: 32-byte rows
+__device__ __forceinline__ unsigned char* a_slice(unsigned char* a, int s) {
+  return a + s * kAlgTmaRows * kSlice * 2;
+}
+template <int BN>
+__device__ __forceinline__ unsigned char* w_slice_t(unsigned char* b, int s) {  // dX: BN rows × 16 k
+  return b + s * BN * kSlice * 2;
+}
+
+// A tail whose last slice runs past the segment (valid % 16 != 0): the consumer warpgroup zeroes
+// that slice's x columns and W rows (forward) or columns (dX) from `valid` on, so that its k16
+// step adds nothing of the next group. tid: the thread's index in its warpgroup; barrier: the
+// warpgroup's named barrier (1 or 2).
 template <int BN, bool kTransW>
-__device__ __forceinline__ void zero_past(unsigned char* a, unsigned char* b, int valid, int tid, int barrier) {
-  using A = wgmma::Panels<kAlgTmaChunk>;
+__device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char* b, int valid, int tid, int barrier) {
   using B = wgmma::Panels<BN>;
-  const int width = kAlgTmaChunk - valid;
+  const int s = valid / kSlice, from = valid % kSlice, width = kSlice - from;
+  unsigned char* as = a_slice(a, s);
   for (int e = tid; e < kAlgTmaRows * width; e += kGroupThreads)
-    *reinterpret_cast<uint16_t*>(a + A::offset(e / width, valid + e % width)) = 0;
-  if constexpr (kTransW) {  // W's columns from valid on, in each of its BN rows
+    *reinterpret_cast<uint16_t*>(as + SlicePanel::offset(e / width, from + e % width)) = 0;
+  if constexpr (kTransW) {  // the slice's W columns from `from` on, in each of its BN rows
+    unsigned char* bs = w_slice_t<BN>(b, s);
     for (int e = tid; e < BN * width; e += kGroupThreads)
-      *reinterpret_cast<uint16_t*>(b + A::offset(e / width, valid + e % width)) = 0;
-  } else {  // W's rows from valid on
+      *reinterpret_cast<uint16_t*>(bs + SlicePanel::offset(e / width, from + e % width)) = 0;
+  } else {  // W's rows from `valid` on, within the slice
     for (int e = tid; e < width * (BN / 8); e += kGroupThreads)
       *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
@@ -97,6 +129,37 @@ __device__ __forceinline__ void zero_past(unsigned char* a, unsigned char* b, in
     asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
   else
     asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads));
+}
+
+// The four k16 steps of one stage: a whole chunk's, or a tail's `slices` slices and then steps
+// over the zero operands (zero_a: a slice of A, zero_b: BN × 16 of W as either operand), so
+// that every chunk issues the same instructions (a data-dependent count puts the wgmma on a
+// divergent path, which ptxas serializes); only the descriptors are selected.
+template <int BN, bool kTransW>
+__device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned char* a, unsigned char* b, int slices,
+                                               const unsigned char* zero_a, const unsigned char* zero_b) {
+  using A = wgmma::Panels<kAlgTmaChunk>;
+  using B = wgmma::Panels<BN>;
+  constexpr int kSteps = kAlgTmaChunk / kSlice;
+  const bool tail = slices < kSteps;
+  uint64_t da[kSteps], db[kSteps];  // all selected before the fence (ptxas fences registers set after it)
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const bool zero = kk >= slices;
+    da[kk] = !tail ? A::k_major(a, kSlice * kk) : SlicePanel::k_major(zero ? zero_a : a_slice(a, kk), 0);
+    if constexpr (kTransW)
+      db[kk] = !tail ? A::k_major(b, kSlice * kk) : SlicePanel::k_major(zero ? zero_b : w_slice_t<BN>(b, kk), 0);
+    else  // zero_b as 16 rows of each 64-column panel, 2 KiB apart
+      db[kk] = zero ? wgmma::descriptor<128>(zero_b, kSlice * 128, 8 * 128) : B::mn_major(b, kSlice * kk);
+  }
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    if constexpr (kTransW)
+      wgmma::mma<BN, 0, 0>(acc, da[kk], db[kk], true);
+    else
+      wgmma::mma<BN, 0, 1>(acc, da[kk], db[kk], true);
+  }
 }
 
 template <int BN, int kStages, bool kTransW, int kGroups>
@@ -109,6 +172,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   uint64_t* empty = ring.empty();
   uint64_t* order = ring.order();  // order[g]: the other warpgroup has issued its tile's products
   if (threadIdx.x == 0) ring.init();
+  ring.zero();
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -125,17 +189,40 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
           const int stage = c % kStages;
           if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);  // its last chunk was consumed
-          tma::arrive_expect(&full[stage], L::kStageBytes);
-          if (s_rows > 1)
-            tma::load_3d(ring.a(stage), &p.x, &full[stage], k0, cls, i0);
-          else
-            tma::load_2d(ring.a(stage), &p.x, &full[stage], k0, r_first);
-          if constexpr (kTransW) {
-            tma::load_2d(ring.b(stage), &p.w, &full[stage], k0, t.col0);
-          } else {
+          const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+          unsigned char* a = ring.a(stage);
+          unsigned char* b = ring.b(stage);
+          if (valid == kAlgTmaChunk) {
+            tma::arrive_expect(&full[stage], L::kStageBytes);
+            if (s_rows > 1)
+              tma::load_3d(a, &p.x, &full[stage], k0, cls, i0);
+            else
+              tma::load_2d(a, &p.x, &full[stage], k0, r_first);
+            if constexpr (kTransW) {
+              tma::load_2d(b, &p.w, &full[stage], k0, t.col0);
+            } else {
 #pragma unroll
-            for (int pn = 0; pn < BN / 64; ++pn)
-              tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+              for (int pn = 0; pn < BN / 64; ++pn)
+                tma::load_2d(b + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+            }
+          } else {  // the tail, slice by slice
+            const int n = tail_slices(valid);
+            tma::arrive_expect(&full[stage], n * kSliceBytes<BN>);
+            for (int sl = 0; sl < n; ++sl) {
+              const int k = k0 + kSlice * sl;
+              if (s_rows > 1)
+                tma::load_3d(a_slice(a, sl), &p.x16, &full[stage], k, cls, i0);
+              else
+                tma::load_2d(a_slice(a, sl), &p.x16, &full[stage], k, r_first);
+              if constexpr (kTransW) {
+                tma::load_2d(w_slice_t<BN>(b, sl), &p.w16, &full[stage], k, t.col0);
+              } else {  // W rows k .. k + 15 where a whole chunk would put them
+#pragma unroll
+                for (int pn = 0; pn < BN / 64; ++pn)
+                  tma::load_2d(b + pn * L::B::kPanelBytes + sl * kSlice * 128, &p.w16, &full[stage], t.col0 + 64 * pn,
+                               k);
+              }
+            }
           }
         }
       }
@@ -170,16 +257,10 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         const int stage = c % kStages;
         tma::wait(&full[stage], (c / kStages) & 1);
         const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-        if (valid < kAlgTmaChunk) zero_past<BN, kTransW>(ring.a(stage), ring.b(stage), valid, tid, kGroups == 1 ? 1 : 1 + group);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < kAlgTmaChunk / 16; ++kk) {
-          const uint64_t da = L::A::k_major(ring.a(stage), 16 * kk);
-          if constexpr (kTransW)
-            wgmma::mma<BN, 0, 0>(acc, da, L::A::k_major(ring.b(stage), 16 * kk), true);
-          else
-            wgmma::mma<BN, 0, 1>(acc, da, L::B::mn_major(ring.b(stage), 16 * kk), true);
-        }
+        unsigned char* a = ring.a(stage);
+        unsigned char* b = ring.b(stage);
+        if (valid % kSlice != 0) zero_slice_past<BN, kTransW>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
+        chunk_products<BN, kTransW>(acc, a, b, tail_slices(valid), ring.zero_a(), ring.zero_b());
         wgmma::commit();
         // The previous chunk's products are done: its stage is free once every warp's share of
         // the warpgroup's products has read it (wait_group completes the executing warp's).

@@ -444,7 +444,7 @@ TEST(GpuAlgProj, TmaWeightPassEveryConfig) {
   // type), unequal and narrow groups (tiles past a group's end), and a large M whose few tiles
   // every list is split for; forward and dX calibrated.
   const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384},
-      unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}}, narrow{"Q4", {24, 24, 24, 24}, {104, 104, 104, 104}};
+      unequal{"Q4", {80, 160, 64, 96}, {128, 64, 176, 256}}, narrow{"Q4", {24, 24, 24, 24}, {104, 104, 104, 104}};
   for (int c = 0; c < 2 * cuda::detail::kAlgTmaWeightConfigCount; ++c) {
     SCOPED_TRACE("tma weight config " + std::to_string(c / 2) + (c % 2 ? " split" : ""));
     const cuda::AlgProj::Kernels k{std::nullopt, std::nullopt, AlgKernel{AlgKernel::Kind::Tma, c / 2, c % 2 == 1}};
@@ -525,10 +525,11 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   register_gpu();
   // The Hopper row pass pinned for the forward and dX, each configuration (one block per tile,
   // persistent, one or two warpgroups): strided (cyclic) and contiguous (interval) rows with
-  // partial tiles, one decode row, group widths 80 and 160 (chunks past a segment's end) and 24
-  // (segments of 24, not a multiple of 16), several output tiles per group; dW calibrated.
+  // partial tiles, one decode row, group widths whose last chunk is a tail of 16, 32 or 48
+  // (80, 96, 160, 176: whole 16-deep slices) and 24 and 104 (tails of 24 and 40: a slice past the
+  // segment's end), several output tiles per group; dW calibrated.
   const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384}, dense{"dense:4", {}, {}, 256, 320},
-      graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 192, 256}},
+      graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 176, 256}},
       narrow{"Q4", {24, 24, 24, 24}, {104, 104, 104, 104}};  // segments of 24, tiles from column 104
   for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
     SCOPED_TRACE("tma config " + std::to_string(c));
