@@ -446,13 +446,20 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
     }
 }
 
+// The forward's occupancy (blocks per multiprocessor the registers must allow). At padded width
+// 64 the compiler's 122 registers allow 4 blocks and shared memory 5; held to 96 registers (none
+// spilled), 5 fit: FlashRelation forward 0.736 → 0.723 ms at (32, 2048, 8, 64) on the H200.
+// Width 48 fits 5 blocks unbounded (93 registers); 80 and wider are bound by shared memory.
+template <int kPadded>
+inline constexpr int kForwardMinBlocks = kPadded == 64 ? 5 : 0;
+
 // The forward on wgmma (sm_90a). Grid (query tiles, Hq, B); tiles run heaviest (last) first. The
 // block's 4 warps are one warpgroup: S = Q Kᵀ reads both operands from shared memory (K-major),
 // O += P V takes P from the registers the online softmax leaves it in and V from shared memory
 // (MN-major). The tiles are swizzled panels (kSwizzledTile) at 1024-byte aligned offsets, keys
 // and values double-buffered by cp.async.
-template <int kPadded, class Rule>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardIo a, const Rule rule) {
+template <int kPadded, class Rule, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) forward_kernel(const ForwardIo a, const Rule rule) {
   constexpr int kChunks = kPadded / 16;  // k steps over the head width
   constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
   constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
@@ -743,6 +750,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
 // blocks; none spilled). H200, FlashRelation backward: 1.462 → 1.213 ms at (64, 1024, 8, 48),
 // 2.730 → 2.319 ms at (32, 2048, 8, 64). At width 80 the same bounds spill 280-440 bytes and
 // were slower (2.90 → 3.88 ms), so other widths keep the compiler's choice (0: no minimum).
+// The one-pass dK/dV (kAtomicDq) takes the same bound (its 74 KiB of shared memory fit 3
+// blocks; 16 / 52 bytes spilled at 48 / 64): backward 1.308 → 1.174 and 2.408 → 2.276 ms.
 template <int kPadded>
 inline constexpr int kDkdvMinBlocks = kPadded == 48 || kPadded == 64 ? 3 : 0;
 template <int kPadded>
@@ -776,7 +785,9 @@ __device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], c
 // product over swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory
 // (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major.
 // kAtomicDq: each iteration also forms its query tile's dQ share dS K over this key tile (dS^T
-// staged in a swizzled tile, A MN-major, and K MN-major), writes it into a shared fp32 tile laid
+// staged in a swizzled tile, A MN-major, and K MN-major; dK's product reads dS^T from the same
+// tile, K-major, instead of from registers, so dS^T's fragments are not held beside dQ's
+// accumulators), writes it into a shared fp32 tile laid
 // out as the sums a.dq_accum are, and one thread adds the whole tile into them by one bulk
 // reduction, which runs while the next iteration computes (dq_finish_kernel rounds the sums).
 template <int kPadded, class Rule, bool kAtomicDq, int kMinBlocks = 0>
@@ -856,13 +867,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     const int64_t p0 = loop.tile(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
-    // P^T, dS^T as A fragments; dS^T also into dss (row = key, column = query) for the dQ share.
-    uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
+    // P^T as A fragments; dS^T as A fragments too, or (kAtomicDq) staged in dss (row = key,
+    // column = query), read from there by both the dK product and the dQ share.
+    uint32_t pa[kTile / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      pack_a(pa[kk], st, kk);
-      pack_a(dsa[kk], dpt, kk);
-    }
+    for (int kk = 0; kk < kTile / 16; ++kk) pack_a(pa[kk], st, kk);
     if constexpr (kAtomicDq) {
 #pragma unroll
       for (int nt = 0; nt < kQueryTiles; ++nt)
@@ -875,23 +884,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
       fence_proxy_async_shared();
       if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
       __syncthreads();
-    }
-
-    float dq[kDTiles][4];
-    auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
-    wgmma::fence();
+      wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      // k = query rows 16 kk .. of dO and Q (MN-major); for dQ, k = key rows 16 kk .. of dS^T, K.
-      wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
-      wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], Panels::mn_major(qst, kk * 16), true);
-      if constexpr (kAtomicDq)
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        // k = query rows 16 kk .. of dO and Q (MN-major) and columns 16 kk .. of dS^T (K-major).
+        wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
+        wgmma::mma<kPadded, 0, 1>(dk_flat, wgmma::Panels<kTile>::k_major(dss, kk * 16), Panels::mn_major(qst, kk * 16),
+                                  true);
+      }
+      // dQ's share dS K, k = key rows 16 kk .. of dS^T and K (both MN-major).
+      float dq[kDTiles][4];
+      auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk)
         wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::Panels<kTile>::mn_major(dss, kk * 16), Panels::mn_major(ks, kk * 16),
                                   kk > 0);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    if constexpr (kAtomicDq) {
+      wgmma::commit();
+      wgmma::wait<0>();
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
@@ -901,6 +910,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
               make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
         }
       fence_proxy_async_shared();  // the share is read by the bulk reduction below
+    } else {
+      uint32_t dsa[kTile / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) pack_a(dsa[kk], dpt, kk);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {  // k = query rows 16 kk .. of dO and Q (MN-major)
+        wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
+        wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], Panels::mn_major(qst, kk * 16), true);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
     }
     if (threadIdx.x < kTile) {
       norm_s[(stage ^ 1) * kTile + threadIdx.x] = norm_next;
@@ -1185,7 +1206,7 @@ void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) 
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
-  auto kernel = forward_kernel<kPadded, Rule>;
+  auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>>;
   constexpr size_t smem = forward_smem<kPadded>();
   allow_smem(kernel, smem);
   kernel<<<grid, kThreads, smem, stream>>>(io, rule);
@@ -1206,7 +1227,7 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
     if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
-      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true>;
+      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true, kDkdvMinBlocks<kPadded>>;
       constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
       allow_smem(dkdv, bytes);
       dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
