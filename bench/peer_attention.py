@@ -15,10 +15,16 @@ issue 7's "at least 10x the materialized reference", in the same run as SDPA. Be
 checks its materialized flow against the factorized form (A_p, g_p, the strict-history softmax)
 in float64 on a small shape.
 
-Usage: python3 bench/peer_attention.py [--trials 10] [--relation]
+--shapes B:T:H:Dh,... times those shapes instead (the materialized Relation too, with
+--relation); --json PATH also writes the rows as JSON, which `quiver bench relation --device
+cuda` reads to put SDPA and the materialized Relation beside FlashRelation in its table.
+
+Usage: python3 bench/peer_attention.py [--trials 10] [--relation] [--shapes B:T:H:Dh,...]
+                                       [--json PATH]
 """
 
 import argparse
+import json
 import statistics
 
 import torch
@@ -141,27 +147,55 @@ def time_relation(B, T, H, Dh, trials):
     return median_ms(forward, trials), median_ms(forward_backward, trials)
 
 
+def parse_shapes(text):
+    shapes = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise SystemExit(f"--shapes: '{item}' is not B:T:H:Dh with positive integers")
+        shapes.append(tuple(int(p) for p in parts))
+    return shapes
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--relation", action="store_true",
-                        help="also time the materialized Relation (SPEC 2.1) at the three Relation scales")
+                        help="also time the materialized Relation (SPEC 2.1): at the three Relation scales, "
+                             "or at every --shapes shape")
+    parser.add_argument("--shapes", help="B:T:H:Dh,... instead of the built-in shapes")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
+    shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    relation_shapes = shapes if args.shapes else SHAPES[:3]
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"{'shape (B, T, H, Dh)':<26} {'backend':>9} {'fwd ms':>10} {'fwd tok/s':>14} "
           f"{'fwd+bwd ms':>12} {'fwd+bwd tok/s':>14}")
-    for B, T, H, Dh in SHAPES:
+    rows = []
+    for B, T, H, Dh in shapes:
         name, fwd, both = time_shape(B, T, H, Dh, args.trials)
         tokens = B * T
         print(f"({B:3d}, {T:4d}, {H:2d}, {Dh:3d})        {name:>9} {fwd:10.3f} "
               f"{tokens / (fwd * 1e-3):14.3e} {both:12.3f} {tokens / (both * 1e-3):14.3e}")
+        rows.append({"B": B, "T": T, "H": H, "Dh": Dh, "sdpa_backend": name, "sdpa_forward_ms": fwd,
+                     "sdpa_total_ms": both})
+    check = None
     if args.relation:
-        print(f"materialized Relation against its factorized form (float64): rel. error {check_relation():.2e}")
-        for B, T, H, Dh in SHAPES[:3]:
+        check = check_relation()
+        print(f"materialized Relation against its factorized form (float64): rel. error {check:.2e}")
+        for B, T, H, Dh in relation_shapes:
             fwd, both = time_relation(B, T, H, Dh, args.trials)
             tokens = B * T
             print(f"({B:3d}, {T:4d}, {H:2d}, {Dh:3d})     relation {fwd:10.3f} "
                   f"{tokens / (fwd * 1e-3):14.3e} {both:12.3f} {tokens / (both * 1e-3):14.3e}")
+            for row in rows:
+                if (row["B"], row["T"], row["H"], row["Dh"]) == (B, T, H, Dh):
+                    row["materialized_forward_ms"] = fwd
+                    row["materialized_total_ms"] = both
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(), "trials": args.trials,
+                       "materialized_check": check, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "bench_util.h"
+#include "quiver/error.h"
 #include "testing.h"
 
 namespace qt = quiver::testing;
@@ -57,4 +60,36 @@ TEST(BenchResults, RowSeriesGroupAndSort) {
   text << f.rdbuf();
   EXPECT_NE(text.str().find("data-label=\"a\""), std::string::npos);
   EXPECT_THROW(quiver::cli::write_plot(dir.path().string() + "/x.md", series, {}), quiver::Error);
+}
+
+TEST(BenchResults, PeerRowsJoinOnTheirKeys) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  rows.push_back({{"B", 64}, {"T", 1024}, {"mixer", "flash_relation"}, {"total_ms", 1.5}});
+  rows.push_back({{"B", 32}, {"T", 2048}, {"mixer", "attention"}, {"total_ms", 2.4}});
+  rows.push_back({{"B", 8}, {"T", 4096}, {"mixer", "attention"}, {"total_ms", 3.1}});
+  const nlohmann::ordered_json peer = nlohmann::ordered_json::parse(R"([
+    {"B": 32, "T": 2048, "sdpa_total_ms": 2.3, "extra": 1},
+    {"B": 64, "T": 1024, "sdpa_total_ms": 1.6, "materialized_total_ms": 29.5},
+    {"B": 64, "T": 4096, "sdpa_total_ms": 9.0}])");
+  EXPECT_EQ(quiver::cli::join_rows(rows, peer, {"B", "T"}, {"sdpa_total_ms", "materialized_total_ms"}), 2);
+  EXPECT_DOUBLE_EQ(rows[0]["sdpa_total_ms"].get<double>(), 1.6);
+  EXPECT_DOUBLE_EQ(rows[0]["materialized_total_ms"].get<double>(), 29.5);
+  EXPECT_DOUBLE_EQ(rows[1]["sdpa_total_ms"].get<double>(), 2.3);
+  EXPECT_FALSE(rows[1].contains("materialized_total_ms"));  // the peer row has none
+  EXPECT_FALSE(rows[1].contains("extra"));                  // not asked for
+  EXPECT_FALSE(rows[2].contains("sdpa_total_ms"));          // (8, 4096): no peer row; B alone must not match
+  EXPECT_THROW(quiver::cli::join_rows(rows, nlohmann::ordered_json::object(), {"B"}, {"x"}), quiver::Error);
+}
+
+TEST(BenchRelationCli, BadShapeListsFailNamingTheEntry) {
+  qt::ScratchDir dir("bench_relation_shapes");
+  for (const char* bad : {"64:1024:8", "64:1024:8:0", "64x1024x8x48", "1:2:3:4:5", ",64:1024:8:48"}) {
+    const qt::CliResult r =
+        qt::run_cli(fmt::format("bench relation --device cuda --peer none --shapes '{}'", bad), dir);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.err.find("--shapes"), std::string::npos) << bad << ": " << r.err;
+  }
+  const qt::CliResult r = qt::run_cli("bench relation --device tpu", dir);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("cpu or cuda"), std::string::npos) << r.err;
 }

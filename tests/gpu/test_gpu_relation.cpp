@@ -35,15 +35,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <ostream>
 #include <vector>
 
-#include "cuda/attention.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/relation.h"
+#include "cuda/relation_bench.h"
 #include "gpu/gpu_testing.h"
 #include "ops/relation.h"
 #include "quiver/rng.h"
@@ -437,77 +437,26 @@ TEST_P(GpuRelationDecode, TokenByTokenMatchesTheFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelationDecode, ::testing::ValuesIn(kDecodeCases));
 
-// Milliseconds per call of the forward and the backward (mean of 10 calls after a warm-up) and
-// forward + backward tokens per second at the papers' three scales (65,536 / 65,536 / 32,768
-// tokens per call, as shared/PERF.md's peer table), with the GPU flash attention at the same
-// shapes for comparison. Asserts only that the results are finite.
-TEST(GpuRelationTiming, ForwardBackwardMilliseconds) {
+// The op-level benchmark (`quiver bench relation --device cuda`) end to end on a small shape
+// (T not a multiple of the tile): every variant timed and passing its own float64 check.
+TEST(GpuRelationBench, EveryVariantTimedAndChecked) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Scale {
-    int64_t B, T, H, Dh;
-  };
-  const Scale scales[] = {{64, 1024, 8, 48}, {32, 2048, 8, 64}, {8, 4096, 8, 80}};
-  Rng rng(5);
-  for (const Scale& s : scales) {
-    const Shape shape{s.B, s.T, s.H, s.Dh};
-    const Tensor p1 = to_device(random_bf16(shape, rng, -2.0, 2.0));
-    const Tensor p2 = to_device(random_bf16(shape, rng, -2.0, 2.0));
-    const Tensor v = to_device(random_bf16(shape, rng, -1.0, 1.0));
-    const Tensor dy = to_device(random_bf16(shape, rng, -1.0, 1.0));
-    const Tensor lambda = device_scalar(0.5f);
-    Tensor dlambda = device_scalar(0.0f);
-    const cuda::RelationKernelOptions options;
-    Tensor y = Tensor::empty(shape, DType::BF16, Device::CUDA);
-    Tensor stats = Tensor::empty({s.B, s.H, s.T, 3}, DType::F32, Device::CUDA);
-    Tensor dp1 = Tensor::empty(shape, DType::BF16, Device::CUDA);
-    Tensor dp2 = Tensor::empty(shape, DType::BF16, Device::CUDA);
-    Tensor dv = Tensor::empty(shape, DType::BF16, Device::CUDA);
-    Tensor workspace = backward_workspace(s.B, s.T, s.H);
-    Tensor lse = Tensor::empty({s.B, s.H, s.T}, DType::F32, Device::CUDA);
-
-    auto forward = [&] {
-      cuda::flash_relation_forward(p1, p2, v, lambda.data<float>(), y, stats, options);
-    };
-    auto backward = [&] {
-      cuda::flash_relation_backward(p1, p2, v, lambda.data<float>(), y, stats, dy, dp1, dp2, dv,
-                                    dlambda.data<float>(), options, workspace);
-    };
-    auto attn_forward = [&] { cuda::attention_forward(p1, p2, v, y, lse); };
-    auto attn_backward = [&] { cuda::attention_backward(p1, p2, v, y, lse, dy, dp1, dp2, dv); };
-
-    cudaEvent_t start, stop;
-    QV_CUDA_CHECK(cudaEventCreate(&start));
-    QV_CUDA_CHECK(cudaEventCreate(&stop));
-    constexpr int kReps = 10;
-    auto time_ms = [&](auto&& fn) {
-      fn();  // warm-up
-      QV_CUDA_CHECK(cudaEventRecord(start));
-      for (int r = 0; r < kReps; ++r) fn();
-      QV_CUDA_CHECK(cudaEventRecord(stop));
-      QV_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      QV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      return static_cast<double>(ms) / kReps;
-    };
-    const double fwd = time_ms(forward), bwd = time_ms(backward);
-    const Tensor y_host = to_host_f64(y);
-    const Tensor dp1_host = to_host_f64(dp1);
-    const float dl = host_scalar(dlambda);
-    const double afwd = time_ms(attn_forward), abwd = time_ms(attn_backward);
-    QV_CUDA_CHECK(cudaEventDestroy(start));
-    QV_CUDA_CHECK(cudaEventDestroy(stop));
-    const double tokens = static_cast<double>(s.B * s.T);
-    std::printf(
-        "FlashRelation B=%lld T=%lld H=%lld Dh=%lld: forward %.3f ms, backward %.3f ms, total "
-        "%.3f ms (%.3e tok/s); flash attention forward %.3f ms, backward %.3f ms, total %.3f ms "
-        "(%.3e tok/s); relation / attention tok/s %.3f\n",
-        static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.H),
-        static_cast<long long>(s.Dh), fwd, bwd, fwd + bwd, tokens / ((fwd + bwd) * 1e-3), afwd,
-        abwd, afwd + abwd, tokens / ((afwd + abwd) * 1e-3), (afwd + abwd) / (fwd + bwd));
-    EXPECT_TRUE(std::isfinite(norm(y_host)));
-    EXPECT_TRUE(std::isfinite(norm(dp1_host)));
-    EXPECT_TRUE(std::isfinite(dl));
+  const bool dq_mode = cuda::flash_dq_atomics();
+  cuda::RelationBenchOptions options;
+  options.shapes = {{"small", 2, 200, 2, 48}};
+  options.runs = 3;
+  options.repeat = 1;
+  const std::vector<cuda::RelationBenchRow> rows = cuda::bench_relation_cuda(options);
+  ASSERT_EQ(rows.size(), 4u);  // {FlashRelation, attention} x {two-pass, one-pass}
+  for (const cuda::RelationBenchRow& r : rows) {
+    SCOPED_TRACE(r.mixer + " " + r.dq);
+    EXPECT_TRUE(r.correct) << "rel. error " << r.rel_error;
+    EXPECT_GE(r.rel_error, 0.0);
+    EXPECT_GT(r.forward_ms, 0.0);
+    EXPECT_GT(r.backward_ms, 0.0);
+    EXPECT_DOUBLE_EQ(r.total_ms, r.forward_ms + r.backward_ms);
   }
+  EXPECT_EQ(cuda::flash_dq_atomics(), dq_mode);  // the bench restores the dQ mode
 }
 
 }  // namespace

@@ -1,9 +1,18 @@
-// `quiver bench relation`: the materialized Relation reference against FlashRelation on the
-// CPU, forward and forward+backward in F32 (B = 1, H = 8, Dh = 64: the 30M preset's heads),
-// with flash attention at the same shape for comparison. Each row records the working arrays
-// the call allocates (the reference O(T²) per concurrent head, flash O(T)), and every flash
-// result is checked against the reference.
+// `quiver bench relation`:
+//   --device cpu: the materialized Relation reference against FlashRelation on the CPU, forward
+//     and forward+backward in F32 (B = 1, H = 8, Dh = 64: the 30M preset's heads), with flash
+//     attention at the same shape for comparison. Each row records the working arrays the call
+//     allocates (the reference O(T²) per concurrent head, flash O(T)), and every flash result
+//     is checked against the reference.
+//   --device cuda: FlashRelation and quiver's flash attention, forward + backward, at the
+//     Relation paper's op-level scales (cuda/relation_bench.h: both dQ modes, alternating
+//     trials, every variant checked on one head against float64), and in the same run the
+//     PyTorch peers of bench/peer_attention.py (SDPA with the FlashAttention backend, the
+//     materialized Relation) when python3 with a CUDA torch is there: the ratios to them.
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -17,6 +26,10 @@
 #include "ops/relation.h"
 #include "quiver/parallel.h"
 #include "quiver/rng.h"
+#include "cuda/relation_bench.h"  // plain C++ (the shapes and options); the bench itself needs CUDA
+#ifdef QUIVER_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
 
 namespace quiver::cli {
 namespace {
@@ -29,6 +42,12 @@ struct RelationBenchArgs {
   // Heads the reference runs on at T >= 4096 (its time per head does not depend on the head
   // count once every thread has a head; its memory is per concurrent head).
   int64_t reference_heads_at_4096 = 8;
+  // cuda: B:T:H:Dh,... (empty: the paper's 10M, 30M and 100M scales), trials, and the peer
+  // script ("" or "none": no peer).
+  std::string shapes;
+  int runs = 11;
+  std::string peer = "bench/peer_attention.py";
+  int peer_trials = 20;
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -60,9 +79,125 @@ Problem make_problem(int64_t T, int64_t H, int64_t Dh, Rng& rng) {
 // The first `h` heads of a [1, T, H, Dh] tensor, contiguous.
 Tensor first_heads(const Tensor& t, int64_t h) { return t.slice(2, 0, h).clone(); }
 
+std::vector<cuda::RelationBenchShape> parse_shapes(const std::string& text) {
+  if (text.empty()) return cuda::relation_bench_paper_shapes();
+  std::vector<cuda::RelationBenchShape> shapes;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    cuda::RelationBenchShape s;
+    s.scale = item;
+    char c1 = 0, c2 = 0, c3 = 0;
+    std::istringstream in(item);
+    std::string rest;
+    const bool ok = static_cast<bool>(in >> s.B >> c1 >> s.T >> c2 >> s.H >> c3 >> s.Dh) && !(in >> rest) &&
+                    c1 == ':' && c2 == ':' && c3 == ':' && s.B > 0 && s.T > 0 && s.H > 0 && s.Dh > 0;
+    QV_CHECK(ok, "--shapes: '{}' is not B:T:H:Dh with positive integers", item);
+    shapes.push_back(s);
+  }
+  QV_CHECK(!shapes.empty(), "--shapes: no shape in '{}'", text);
+  return shapes;
+}
+
+#ifdef QUIVER_HAVE_CUDA
+// The peer (bench/peer_attention.py) at our shapes, in this run: its rows, or an empty array
+// (with the reason printed) when it cannot run here.
+nlohmann::ordered_json run_peer(const RelationBenchArgs& a, const std::vector<cuda::RelationBenchShape>& shapes) {
+  const nlohmann::ordered_json none = nlohmann::ordered_json::array();
+  if (a.peer.empty() || a.peer == "none") return none;
+  if (!std::filesystem::exists(a.peer)) {
+    fmt::print("peer: {} not found (run from the repository root, or pass --peer PATH); no peer columns\n", a.peer);
+    return none;
+  }
+  if (std::system("python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' "
+                  "> /dev/null 2>&1") != 0) {
+    fmt::print("peer: python3 with a CUDA build of torch is not available; no peer columns\n");
+    return none;
+  }
+  std::string list;
+  for (const auto& s : shapes) list += fmt::format("{}{}:{}:{}:{}", list.empty() ? "" : ",", s.B, s.T, s.H, s.Dh);
+  std::filesystem::create_directories(a.results_dir);
+  const std::filesystem::path out = std::filesystem::path(a.results_dir) / ".peer-relation.json.tmp";
+  std::filesystem::remove(out);
+  const std::string cmd = fmt::format("python3 '{}' --trials {} --relation --shapes {} --json '{}'", a.peer,
+                                      a.peer_trials, list, out.string());
+  fmt::print("peer: {}\n", cmd);
+  std::fflush(stdout);
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(out);
+  if (status != 0 || !in) {
+    fmt::print("peer: failed (status {}); no peer columns\n", status);
+    return none;
+  }
+  nlohmann::ordered_json peer;
+  try {
+    peer = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fmt::print("peer: unreadable output {} ({}); no peer columns\n", out.string(), e.what());
+    return none;
+  }
+  std::filesystem::remove(out);
+  if (!peer.contains("rows") || !peer["rows"].is_array()) {
+    fmt::print("peer: output without rows; no peer columns\n");
+    return none;
+  }
+  fmt::print("peer: torch {}, {}\n", peer.value("torch", std::string("?")), peer.value("device", std::string("?")));
+  return peer["rows"];
+}
+#endif
+
+// FlashRelation and our attention on the GPU (cuda/relation_bench.h) with the PyTorch peers.
+void run_cuda(const RelationBenchArgs& a) {
+  cuda::RelationBenchOptions options;
+  options.shapes = parse_shapes(a.shapes);  // before anything runs: a bad list fails at once
+  options.runs = a.runs;
+#ifdef QUIVER_HAVE_CUDA
+  QV_CHECK(cuda::device_count() > 0, "bench relation --device cuda: no CUDA device found");
+  cuda::register_backend();
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const cuda::RelationBenchRow& r : cuda::bench_relation_cuda(options)) {
+    nlohmann::ordered_json row;
+    row["scale"] = r.scale;
+    row["B"] = r.B;
+    row["T"] = r.T;
+    row["H"] = r.H;
+    row["Dh"] = r.Dh;
+    row["mixer"] = r.mixer;
+    row["dq"] = r.dq;
+    row["forward_ms"] = r.forward_ms;
+    row["backward_ms"] = r.backward_ms;
+    row["total_ms"] = r.total_ms;
+    row["tok_s"] = r.tok_s;
+    row["rel_error"] = r.rel_error;
+    row["correct"] = r.correct;
+    rows.push_back(row);
+  }
+  const nlohmann::ordered_json peer = run_peer(a, options.shapes);
+  join_rows(rows, peer, {"B", "T", "H", "Dh"}, {"sdpa_backend", "sdpa_total_ms", "materialized_total_ms"});
+  for (auto& row : rows) {  // throughput ratios: > 1 is faster than the peer
+    const double ours = row["total_ms"].get<double>();
+    if (row.contains("sdpa_total_ms")) row["vs_sdpa"] = row["sdpa_total_ms"].get<double>() / ours;
+    if (row["mixer"] == "flash_relation" && row.contains("materialized_total_ms"))
+      row["vs_materialized"] = row["materialized_total_ms"].get<double>() / ours;
+    else
+      row.erase("materialized_total_ms");
+  }
+  const std::string machine = fmt::format("{} (GPU), host {}", cuda::device_name(), cpu_description());
+  print_table(rows);
+  const std::string path = write_results(a.results_dir, "relation-cuda", machine, rows);
+  fmt::print("machine: {}\nresults: {}\n", machine, path);
+  fmt::print("goals (Relation paper scales): flash_relation vs_sdpa >= 0.95 and vs_materialized >= 10\n");
+  for (const auto& r : rows)
+    QV_CHECK(r["correct"].get<bool>(), "bench relation: {} {} ({} dQ) failed its correctness check (error {})",
+             r["scale"].get<std::string>(), r["mixer"].get<std::string>(), r["dq"].get<std::string>(),
+             r["rel_error"].get<double>());
+#else
+  fail("bench relation --device cuda: this build has no CUDA backend");
+#endif
+}
+
 void run_bench(const RelationBenchArgs& a) {
-  QV_CHECK(a.device == "cpu", "bench relation: only --device cpu is implemented, got '{}'",
-           a.device);
+  if (a.device == "cuda") return run_cuda(a);
+  QV_CHECK(a.device == "cpu", "bench relation: --device must be cpu or cuda, got '{}'", a.device);
   const int64_t H = a.heads, Dh = a.head_dim;
   const double lambda = 0.5;
   ops::RelationOptions opt;
@@ -179,11 +314,20 @@ void register_bench_relation(CLI::App& bench) {
   auto a = std::make_shared<RelationBenchArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "relation",
-      "Relation: materialized reference vs FlashRelation, forward and forward+backward, F32,\n"
+      "Relation. CPU: materialized reference vs FlashRelation, forward and forward+backward, F32,\n"
       "B = 1, H = 8, Dh = 64, T = 1024 and 4096, with flash attention at the same shape; time,\n"
-      "tokens per second, bytes of working arrays, and the flash/reference agreement.\n"
-      "With --reference-heads below H, the reference runs on fewer heads at T >= 4096 and says so.");
-  cmd->add_option("--device", a->device, "cpu (the only backend so far)")->capture_default_str();
+      "tokens per second, bytes of working arrays, and the flash/reference agreement (with\n"
+      "--reference-heads below H, the reference runs on fewer heads at T >= 4096 and says so).\n"
+      "CUDA: FlashRelation and flash attention forward + backward, bf16, at the paper's 10M, 30M\n"
+      "and 100M scales (or --shapes), both dQ modes, each checked on one head against float64,\n"
+      "beside PyTorch SDPA (FlashAttention) and the materialized Relation run by --peer.");
+  cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--shapes", a->shapes, "cuda: B:T:H:Dh,... (default the paper's three scales)");
+  cmd->add_option("--runs", a->runs, "cuda: alternating trials")->check(CLI::Range(3, 1000))->capture_default_str();
+  cmd->add_option("--peer", a->peer, "cuda: the PyTorch peer script (\"none\": skip it)")->capture_default_str();
+  cmd->add_option("--peer-trials", a->peer_trials, "cuda: the peer's timed trials")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   cmd->add_option("--results-dir", a->results_dir, "where the JSON and Markdown results go")
       ->capture_default_str();
   cmd->add_option("--seq", a->seq, "comma-separated sequence lengths T")->capture_default_str();

@@ -191,4 +191,23 @@ std::string write_plot(const std::string& json_path, const std::vector<train::Pl
   return path;
 }
 
+int join_rows(nlohmann::ordered_json& rows, const nlohmann::ordered_json& peer, const std::vector<std::string>& keys,
+              const std::vector<std::string>& columns) {
+  QV_CHECK(rows.is_array() && peer.is_array(), "join_rows: rows and peer rows must be arrays");
+  int matched = 0;
+  for (auto& row : rows) {
+    for (const auto& p : peer) {
+      const bool same = p.is_object() && std::all_of(keys.begin(), keys.end(), [&](const std::string& k) {
+        return row.contains(k) && p.contains(k) && row[k] == p[k];
+      });
+      if (!same) continue;
+      for (const std::string& c : columns)
+        if (p.contains(c)) row[c] = p[c];
+      ++matched;
+      break;
+    }
+  }
+  return matched;
+}
+
 }  // namespace quiver::cli

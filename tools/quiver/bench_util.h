@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +35,12 @@ std::string write_results(const std::string& dir, const std::string& name,
 
 // Prints rows as an aligned text table to stdout (the same columns).
 void print_table(const nlohmann::ordered_json& rows);
+
+// A peer's results beside ours: for each of `rows`, the first of `peer` (an array of objects)
+// whose `keys` all equal the row's; copies that peer row's `columns` (those it has) into the
+// row. Returns how many rows found a peer row.
+int join_rows(nlohmann::ordered_json& rows, const nlohmann::ordered_json& peer, const std::vector<std::string>& keys,
+              const std::vector<std::string>& columns);
 
 // Plot series of benchmark rows: one line with markers per distinct value of the string column
 // `group` (first-seen order) through the rows' (x, y) sorted by x; rows without a finite
