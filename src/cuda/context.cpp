@@ -47,17 +47,25 @@ void* Context::flash_scratch(size_t bytes) {
 }
 
 namespace {
+bool env_is(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::string(env) == value;
+}
 std::atomic<bool>& flash_dq_atomics_flag() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("QUIVER_FLASH_DQ");
-    return env != nullptr && std::string(env) == "atomic";
-  }()};
+  static std::atomic<bool> on{env_is("QUIVER_FLASH_DQ", "atomic")};
+  return on;
+}
+std::atomic<bool>& flash_dkdv_ws_flag() {
+  static std::atomic<bool> on{env_is("QUIVER_FLASH_DKDV", "ws")};
   return on;
 }
 }  // namespace
 
 bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
 void set_flash_dq_atomics(bool on) { flash_dq_atomics_flag().store(on); }
+
+bool flash_dkdv_ws() { return flash_dkdv_ws_flag().load(); }
+void set_flash_dkdv_ws(bool on) { flash_dkdv_ws_flag().store(on); }
 
 Context& context() {
   static std::mutex mutex;

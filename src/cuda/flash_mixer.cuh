@@ -49,6 +49,8 @@
 #include "cuda/context.h"
 #include "cuda/elementwise_launch.h"
 #include "cuda/mma_ptx.cuh"
+#include "cuda/tma.cuh"
+#include "cuda/tma.h"
 #include "cuda/wgmma.cuh"
 
 namespace quiver::cuda::detail::flash {
@@ -588,16 +590,16 @@ __device__ __forceinline__ void key_tile_grads(const Rule& rule, float (&st)[kQu
 }
 
 // The dK/dV passes' end for a warp's key rows: the Self row terms (kSelf rules), then dk (scaled)
-// and dv staged through the warp's own rows of the key and value tiles ks, vs and stored.
+// and dv staged through the warp's own rows of the key and value tiles ks, vs (the 64-row tiles
+// starting at key j0; `warp` the warp's index in its warpgroup) and stored.
 template <int kPadded, bool kSwizzled, class Rule>
 __device__ __forceinline__ void finish_key_rows(const BackwardIo& a, const Rule& rule, float (&dk)[kPadded / 8][4],
                                                 float (&dv)[kPadded / 8][4], uint16_t* ks, uint16_t* vs,
-                                                int64_t j0, const int64_t (&key)[2]) {
+                                                int64_t j0, const int64_t (&key)[2], int warp) {
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
   const bool vec = Dh % 8 == 0;
   const int64_t T = d.T, g = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x / 32;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
   if constexpr (Rule::kSelf) {  // Hq = Hkv: key row j of head g is also query row j of head g
@@ -740,7 +742,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
-  finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key);
+  finish_key_rows<kPadded, false>(a, rule, dk, dv, ks, vs, j0, key, warp);
 }
 
 // The two-pass wgmma backward's occupancy (blocks per multiprocessor the registers must allow,
@@ -934,7 +936,216 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
   }
   if (kAtomicDq && threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
 
-  finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key);
+  finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key, warp);
+}
+
+// ---- The warp-specialized one-pass dK/dV (flash_dkdv_ws) ---------------------------------------
+// FlashAttention-3's backward layout for the one-pass dQ: a block of three warpgroups over 128
+// key rows. Warpgroups 0 and 1 are consumers, each owning 64 key rows (its K and V tiles loaded
+// once); warpgroup 2 is the producer, whose first warp walks the block's query tiles (those at
+// or after the block's first key, of every query head of the KV head) and, per tile, fills one
+// stage of a ring: its 32 lanes write the tile's normalizers and D into shared memory, and lane
+// 0 arms the stage's full barrier and loads the query and dY tiles by TMA (rank-4 maps of the
+// [B, T, H, Dh] heads, one box per panel, rows past T zero). Both consumers read every stage (the
+// loads are shared), run dkdv_wgmma_kernel's iteration on it (S^T, dP^T, the rule step, dV, dK
+// and the dQ share from the staged dS^T) and release it on the empty barrier (one arrival per
+// consumer warp); each adds its own 64-key share into the sums by one bulk reduction. A consumer
+// skips (waits and releases only) the query tiles that end before its keys. setmaxnreg gives the
+// consumers 232 registers and the producer 40 (of 168 at launch). No __syncthreads after the
+// start: the warpgroups synchronize by the barriers and named barriers 1 and 2 (one per
+// consumer).
+inline constexpr int kWsKeys = 2 * kTile;     // key rows per block
+inline constexpr int kWsStages = 3;           // query / dY tiles in flight
+inline constexpr int kWsThreads = 3 * 128;    // consumers 0, 1; the producer warpgroup 2
+
+struct WsMaps {
+  CUtensorMap q, dy;  // [B, T, Hq, Dh]: boxes of one panel × 64 rows of one head
+  CUtensorMap k, v;   // [B, T, Hkv, Dh]
+};
+
+template <int kPadded>
+struct WsLayout {
+  using Panels = wgmma::Panels<kPadded>;
+  static constexpr uint32_t kTileBytes = Panels::kBytes;
+  // Per consumer: its K and V tiles, the dS^T tile (Panels<64>) and the fp32 dQ share.
+  static constexpr uint32_t kConsumerBytes =
+      2 * kTileBytes + wgmma::Panels<kTile>::kBytes + sizeof(float) * kTile * kPadded;
+  static_assert(kConsumerBytes % 1024 == 0, "the consumers' tiles stay 1024-byte aligned");
+  static constexpr uint32_t kRingOffset = 2 * kConsumerBytes;
+  // Stage s: its query and dY tiles at kRingOffset + 2 s kTileBytes; the stages' normalizers and
+  // D after all tiles, then the barriers: full[kWsStages], empty[kWsStages], kv_full.
+  static constexpr uint32_t kRowTermOffset = kRingOffset + kWsStages * 2 * kTileBytes;
+  static constexpr uint32_t kBarrierOffset = kRowTermOffset + kWsStages * 2 * sizeof(float) * kTile;
+  static constexpr size_t kSmem = 1024 + kBarrierOffset + (2 * kWsStages + 1) * sizeof(uint64_t);
+};
+
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    dkdv_ws_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ WsMaps maps) {
+  static_assert(kPadded <= kWgmmaBackwardWidth, "the wgmma backward takes head widths up to 96");
+  using L = WsLayout<kPadded>;
+  using Panels = wgmma::Panels<kPadded>;
+  constexpr int kDTiles = kPadded / 8;
+  constexpr int kQueryTiles = kTile / 8;
+  constexpr int kPanels = Panels::kBytes / Panels::kPanelBytes;  // boxes per tile (48: one of 64 columns)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarrierOffset);
+  uint64_t* empty = full + kWsStages;
+  uint64_t* kv_full = empty + kWsStages;
+  auto q_stage = [&](int s) { return reinterpret_cast<uint16_t*>(base + L::kRingOffset + 2 * s * L::kTileBytes); };
+  auto dy_stage = [&](int s) { return q_stage(s) + L::kTileBytes / 2; };
+  auto norm_stage = [&](int s) { return reinterpret_cast<float*>(base + L::kRowTermOffset) + 2 * s * kTile; };
+  auto delta_stage = [&](int s) { return norm_stage(s) + kTile; };
+
+  const Dims& d = a.dims;
+  const int64_t T = d.T, Hq = d.Hq, group = d.Hq / d.Hkv, g = blockIdx.y, b = blockIdx.z;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kWsKeys;
+  const int64_t nq = (T - j0 + kTile - 1) / kTile, total = group * nq;  // query tiles from j0, per head
+  auto head = [&](int64_t it) { return g * group + it / nq; };
+  auto tile = [&](int64_t it) { return j0 + (it % nq) * kTile; };
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      tma::init(&full[s], 32);     // the producer warp's lanes (lane 0 also expects the bytes)
+      tma::init(&empty[s], 8);     // the consumer warps
+    }
+    tma::init(kv_full, 1);
+    tma::fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 2) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp != 0) return;
+    if (lane == 0) {  // both consumers' K and V tiles
+      tma::arrive_expect(kv_full, 4 * L::kTileBytes);
+      for (int c = 0; c < 2; ++c) {
+        unsigned char* ct = base + c * L::kConsumerBytes;
+        for (int pn = 0; pn < kPanels; ++pn) {
+          const int col = pn * Panels::kPanelCols, row = static_cast<int>(j0 + c * kTile);
+          tma::load_4d(ct + pn * Panels::kPanelBytes, &maps.k, kv_full, col, static_cast<int>(g), row,
+                       static_cast<int>(b));
+          tma::load_4d(ct + L::kTileBytes + pn * Panels::kPanelBytes, &maps.v, kv_full, col, static_cast<int>(g),
+                       row, static_cast<int>(b));
+        }
+      }
+    }
+    for (int64_t it = 0; it < total; ++it) {
+      const int s = static_cast<int>(it % kWsStages);
+      const int64_t use = it / kWsStages;
+      if (use > 0) tma::wait(&empty[s], static_cast<uint32_t>((use - 1) & 1));  // its last tile was released
+      const int64_t h = head(it), p0 = tile(it);
+      for (int r = lane; r < kTile; r += 32) {
+        const int64_t p = p0 + r, row = (b * Hq + h) * T + p;
+        norm_stage(s)[r] = p < T ? rule.row_norm2(row) : INFINITY;
+        delta_stage(s)[r] = p < T ? a.delta[row] : 0.0f;
+      }
+      if (lane == 0) {
+        tma::arrive_expect(&full[s], 2 * L::kTileBytes);
+        for (int pn = 0; pn < kPanels; ++pn) {
+          const int col = pn * Panels::kPanelCols;
+          tma::load_4d(reinterpret_cast<unsigned char*>(q_stage(s)) + pn * Panels::kPanelBytes, &maps.q, &full[s],
+                       col, static_cast<int>(h), static_cast<int>(p0), static_cast<int>(b));
+          tma::load_4d(reinterpret_cast<unsigned char*>(dy_stage(s)) + pn * Panels::kPanelBytes, &maps.dy, &full[s],
+                       col, static_cast<int>(h), static_cast<int>(p0), static_cast<int>(b));
+        }
+      } else {
+        tma::arrive(&full[s]);  // this lane's row terms are written
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int c = wg, tid = threadIdx.x % 128, grp = lane / 4, tig = lane % 4;
+  unsigned char* ct = base + c * L::kConsumerBytes;
+  uint16_t* ks = reinterpret_cast<uint16_t*>(ct);
+  uint16_t* vs = reinterpret_cast<uint16_t*>(ct + L::kTileBytes);
+  uint16_t* dss = reinterpret_cast<uint16_t*>(ct + 2 * L::kTileBytes);
+  float* dqs = reinterpret_cast<float*>(ct + 2 * L::kTileBytes + wgmma::Panels<kTile>::kBytes);
+  const int64_t jc = j0 + c * kTile;  // this consumer's first key
+  const int64_t key[2] = {jc + warp * kWarpRows + grp, jc + warp * kWarpRows + grp + 8};
+  auto group_sync = [&] {  // this consumer warpgroup only (an immediate id)
+    if (c == 0)
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  };
+
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  auto& dk_flat = reinterpret_cast<float(&)[kPadded / 2]>(dk);
+  auto& dv_flat = reinterpret_cast<float(&)[kPadded / 2]>(dv);
+  tma::wait(kv_full, 0);
+
+  for (int64_t it = 0; it < total; ++it) {
+    const int s = static_cast<int>(it % kWsStages);
+    tma::wait(&full[s], static_cast<uint32_t>((it / kWsStages) & 1));
+    const int64_t p0 = tile(it);
+    const bool active = jc < T && p0 + kTile > jc;  // some query of the tile may see our keys
+    if (active) {
+      const uint16_t* qst = q_stage(s);
+      const uint16_t* dyst = dy_stage(s);
+      float st[kQueryTiles][4], dpt[kQueryTiles][4];
+      two_products_wgmma<kPadded>(st, ks, qst, dpt, vs, dyst);
+      key_tile_grads(rule, st, dpt, norm_stage(s), delta_stage(s), p0, jc, key, T);
+      uint32_t pa[kTile / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) pack_a(pa[kk], st, kk);
+#pragma unroll
+      for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
+          *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
+              pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
+        }
+      fence_proxy_async_shared();
+      if (tid == 0) bulk_wait_read();  // this consumer's last share has left dqs
+      group_sync();
+      float dq[kDTiles][4];
+      auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
+        wgmma::mma<kPadded, 0, 1>(dk_flat, wgmma::Panels<kTile>::k_major(dss, kk * 16), Panels::mn_major(qst, kk * 16),
+                                  true);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk)
+        wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::Panels<kTile>::mn_major(dss, kk * 16), Panels::mn_major(ks, kk * 16),
+                                  kk > 0);
+      wgmma::commit();
+      wgmma::wait<0>();
+      __syncwarp();
+      if (lane == 0) tma::arrive(&empty[s]);  // this warp is done with the stage
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp * kWarpRows + grp + 8 * half, col = dt * 8 + 2 * tig;
+          *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, col)) =
+              make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
+        }
+      fence_proxy_async_shared();  // the share is read by the bulk reduction below
+      group_sync();
+      if (tid == 0)
+        bulk_reduce_add_f32(a.dq_accum + ((b * Hq + head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
+                            sizeof(float) * kTile * kPadded);
+    } else {
+      __syncwarp();
+      if (lane == 0) tma::arrive(&empty[s]);
+    }
+  }
+  if (tid == 0) bulk_wait();  // dqs stays allocated until the sums are complete
+
+  finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, jc, key, warp);
 }
 
 // The dQ passes' rule step over one key tile (starting at j0) for a warp's query rows row[0],
@@ -1227,10 +1438,25 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
     if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
-      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true, kDkdvMinBlocks<kPadded>>;
-      constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
-      allow_smem(dkdv, bytes);
-      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      if (flash_dkdv_ws() && d.Dh % 8 == 0) {  // warp-specialized: TMA needs 16-byte row strides
+        constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
+        WsMaps maps;
+        maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+        maps.dy = tma_map_heads_bf16(io.dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+        maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+        maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+        auto dkdv = dkdv_ws_kernel<kPadded, Rule>;
+        constexpr size_t bytes = WsLayout<kPadded>::kSmem;
+        allow_smem(dkdv, bytes);
+        const dim3 grid(static_cast<unsigned>((d.T + kWsKeys - 1) / kWsKeys), static_cast<unsigned>(d.Hkv),
+                        static_cast<unsigned>(d.B));
+        dkdv<<<grid, kWsThreads, bytes, stream>>>(io, rule, maps);
+      } else {
+        auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true, kDkdvMinBlocks<kPadded>>;
+        constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
+        allow_smem(dkdv, bytes);
+        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      }
       QV_CUDA_CHECK(cudaGetLastError());
       dq_finish_kernel<kPadded, Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());

@@ -45,21 +45,32 @@ Tensor head0_f64(const Tensor& dev) {
   return host.slice(0, 0, 1).slice(2, 0, 1).to(DType::F64);
 }
 
+enum class Dq { TwoPass, OnePass, OnePassWs };
+const char* dq_name(Dq dq) {
+  return dq == Dq::TwoPass ? "two-pass" : dq == Dq::OnePass ? "one-pass" : "one-pass-ws";
+}
+
 // The dQ mode for the scope's lifetime; the previous one after.
 class DqMode {
  public:
-  explicit DqMode(bool one_pass) : previous_(flash_dq_atomics()) { set_flash_dq_atomics(one_pass); }
-  ~DqMode() { set_flash_dq_atomics(previous_); }
+  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()), ws_(flash_dkdv_ws()) {
+    set_flash_dq_atomics(dq != Dq::TwoPass);
+    set_flash_dkdv_ws(dq == Dq::OnePassWs);
+  }
+  ~DqMode() {
+    set_flash_dq_atomics(one_pass_);
+    set_flash_dkdv_ws(ws_);
+  }
   DqMode(const DqMode&) = delete;
   DqMode& operator=(const DqMode&) = delete;
 
  private:
-  bool previous_;
+  bool one_pass_, ws_;
 };
 
 struct Variant {
   bool relation;
-  bool one_pass;
+  Dq dq;
   std::vector<float> forward_ms, backward_ms;
 };
 
@@ -120,7 +131,7 @@ class ShapeBench {
 
   // One forward and backward of the variant, then head 0 against the float64 CPU flash op.
   double check(const Variant& v) {
-    const DqMode mode(v.one_pass);
+    const DqMode mode(v.dq);
     forward(v.relation);
     backward(v.relation);
     const Tensor y = head0_f64(y_);
@@ -168,17 +179,18 @@ std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& op
     QV_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.Dh > 0, "bench relation: shape {} needs positive B, T, H, Dh",
              s.scale);
     ShapeBench bench(s, rng);
-    std::vector<Variant> variants = {{true, false, {}, {}}, {true, true, {}, {}}, {false, false, {}, {}},
-                                     {false, true, {}, {}}};
+    std::vector<Variant> variants;
+    for (bool relation : {true, false})
+      for (Dq dq : {Dq::TwoPass, Dq::OnePass, Dq::OnePassWs}) variants.push_back({relation, dq, {}, {}});
     for (Variant& v : variants) {  // warm-up: kernels loaded, the one-pass scratch allocated
-      const DqMode mode(v.one_pass);
+      const DqMode mode(v.dq);
       bench.forward(v.relation);
       bench.backward(v.relation);
     }
     QV_CUDA_CHECK(cudaDeviceSynchronize());
     for (int run = 0; run < options.runs; ++run)
       for (Variant& v : variants) {
-        const DqMode mode(v.one_pass);
+        const DqMode mode(v.dq);
         v.forward_ms.push_back(bench.time_calls([&] { bench.forward(v.relation); }, options.repeat));
         v.backward_ms.push_back(bench.time_calls([&] { bench.backward(v.relation); }, options.repeat));
       }
@@ -190,7 +202,7 @@ std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& op
       row.H = s.H;
       row.Dh = s.Dh;
       row.mixer = v.relation ? "flash_relation" : "attention";
-      row.dq = v.one_pass ? "one-pass" : "two-pass";
+      row.dq = dq_name(v.dq);
       row.forward_ms = median(v.forward_ms);
       row.backward_ms = median(v.backward_ms);
       row.total_ms = row.forward_ms + row.backward_ms;

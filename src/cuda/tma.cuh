@@ -67,4 +67,14 @@ __device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// The box at coordinates (c0, c1, c2, c3) of a rank-4 `map` into `dst`, its bytes counted on `bar`.
+__device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+
 }  // namespace quiver::cuda::detail::tma

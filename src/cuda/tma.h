@@ -19,4 +19,11 @@ namespace quiver::cuda {
 CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                          int64_t row_stride = 1);
 
+// The heads of a bf16 [B, T, H, Dh] tensor (contiguous, Dh a multiple of 8) as a rank-4 map
+// {Dh, H, T, B}: boxes {box_cols, 1, box_rows, 1} at (c0, h, t0, b) hold rows t0 .. t0 +
+// box_rows − 1 of head h in batch b, columns c0 .., with the swizzle of box_cols-wide rows (16,
+// 32 or 64); rows past T and columns past Dh arrive as zeros.
+CUtensorMap tma_map_heads_bf16(const void* base, int64_t B, int64_t T, int64_t H, int64_t Dh, int box_rows,
+                               int box_cols);
+
 }  // namespace quiver::cuda

@@ -30,6 +30,16 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
+// The one-pass dQ with its warp-specialized dK/dV pass (cuda::flash_dkdv_ws) for the scope's
+// lifetime.
+struct WarpSpecializedDq {
+  WarpSpecializedDq() { cuda::set_flash_dkdv_ws(true); }
+  ~WarpSpecializedDq() { cuda::set_flash_dkdv_ws(false); }
+  WarpSpecializedDq(const WarpSpecializedDq&) = delete;
+  WarpSpecializedDq& operator=(const WarpSpecializedDq&) = delete;
+  OnePassDq one_pass;
+};
+
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {
   Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);

@@ -125,6 +125,14 @@ TEST_P(GpuAttention, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
+// The same with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a block, TMA
+// loads); head widths that are not a multiple of 8 keep the one-warpgroup pass.
+TEST_P(GpuAttention, WarpSpecializedOnePassDqMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::WarpSpecializedDq ws;
+  check_forward_backward(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention, ::testing::ValuesIn(kCases));
 
 // The backward sums dk/dv over query tiles and heads in a fixed order and computes dq without

@@ -282,6 +282,14 @@ TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
+// The same with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a block, TMA
+// loads); head widths that are not a multiple of 8 keep the one-warpgroup pass.
+TEST_P(GpuRelation, WarpSpecializedOnePassDqMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::WarpSpecializedDq ws;
+  check_forward_backward(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
 
 // The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
@@ -441,13 +449,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelationDecode, ::testing::ValuesIn(kDecodeC
 // (T not a multiple of the tile): every variant timed and passing its own float64 check.
 TEST(GpuRelationBench, EveryVariantTimedAndChecked) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const bool dq_mode = cuda::flash_dq_atomics();
+  const bool dq_mode = cuda::flash_dq_atomics(), ws_mode = cuda::flash_dkdv_ws();
   cuda::RelationBenchOptions options;
   options.shapes = {{"small", 2, 200, 2, 48}};
   options.runs = 3;
   options.repeat = 1;
   const std::vector<cuda::RelationBenchRow> rows = cuda::bench_relation_cuda(options);
-  ASSERT_EQ(rows.size(), 4u);  // {FlashRelation, attention} x {two-pass, one-pass}
+  ASSERT_EQ(rows.size(), 6u);  // {FlashRelation, attention} x {two-pass, one-pass, one-pass-ws}
   for (const cuda::RelationBenchRow& r : rows) {
     SCOPED_TRACE(r.mixer + " " + r.dq);
     EXPECT_TRUE(r.correct) << "rel. error " << r.rel_error;
@@ -457,6 +465,7 @@ TEST(GpuRelationBench, EveryVariantTimedAndChecked) {
     EXPECT_DOUBLE_EQ(r.total_ms, r.forward_ms + r.backward_ms);
   }
   EXPECT_EQ(cuda::flash_dq_atomics(), dq_mode);  // the bench restores the dQ mode
+  EXPECT_EQ(cuda::flash_dkdv_ws(), ws_mode);
 }
 
 }  // namespace
