@@ -629,6 +629,15 @@ __device__ __forceinline__ void finish_key_rows(const BackwardIo& a, const Rule&
   store_rows<kPadded, kSwizzled>(a.dv + kv_off, row0, T, kv_stride, Dh, vec, vs, warp * kWarpRows);
 }
 
+// A warp's dK and dV accumulators (16 key rows × kPadded), zeroed.
+template <int kPadded>
+__device__ __forceinline__ void zero_key_grads(float (&dk)[kPadded / 8][4], float (&dv)[kPadded / 8][4]) {
+#pragma unroll
+  for (int dt = 0; dt < kPadded / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+}
+
 // The dK/dV passes' loop for the key tile at j0 of KV head g in batch b (the block's): over the
 // group's query heads and the query tiles of kRows rows at or after the key tile (causal, so the
 // query rows before j0 see none of its keys). Iteration `it` covers query head head(it) and the
@@ -699,10 +708,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
   }
 
   float dk[kDTiles][4], dv[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  zero_key_grads<kPadded>(dk, dv);
 
   for (int64_t it = 0; it < total; ++it) {
     const int stage = static_cast<int>(it & 1);
@@ -782,6 +788,64 @@ __device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], c
   wgmma::wait<0>();
 }
 
+// The one-pass dK/dV step after the rule step of a warpgroup's 64 key rows against one 64-row
+// query tile (st = P^T, dpt = dS^T, a warp's 16 rows, `warp` its index in the warpgroup): dS^T
+// staged in dss (row = key, column = query), then dV += P^T dY (P^T from registers), dK +=
+// dS^T Q (dS^T from dss, K-major, so its fragments are not held beside dQ's accumulators) and
+// the tile's dQ share dS K (dS^T and K MN-major) written into the fp32 tile dqs as the sums
+// a.dq_accum are laid out (dq_sum_col). `issuer`, the one thread of the warpgroup that issues
+// its bulk reductions, first waits until the last share has left dqs; `sync()` synchronizes
+// the threads that share dss and dqs. On return the share is fenced for a bulk reduction.
+template <int kPadded, class Sync>
+__device__ __forceinline__ void one_pass_products(const float (&st)[kTile / 8][4], const float (&dpt)[kTile / 8][4],
+                                                  float (&dk_flat)[kPadded / 2], float (&dv_flat)[kPadded / 2],
+                                                  const uint16_t* ks, const uint16_t* qst, const uint16_t* dyst,
+                                                  uint16_t* dss, float* dqs, int warp, bool issuer, Sync sync) {
+  using Panels = wgmma::Panels<kPadded>;
+  constexpr int kDTiles = kPadded / 8;
+  const int lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  uint32_t pa[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) pack_a(pa[kk], st, kk);
+#pragma unroll
+  for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
+      *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
+          pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
+    }
+  fence_proxy_async_shared();
+  if (issuer) bulk_wait_read();  // the last share has left dqs
+  sync();
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    // k = query rows 16 kk .. of dO and Q (MN-major) and columns 16 kk .. of dS^T (K-major).
+    wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
+    wgmma::mma<kPadded, 0, 1>(dk_flat, wgmma::Panels<kTile>::k_major(dss, kk * 16), Panels::mn_major(qst, kk * 16),
+                              true);
+  }
+  // dQ's share dS K, k = key rows 16 kk .. of dS^T and K (both MN-major).
+  float dq[kDTiles][4];
+  auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk)
+    wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::Panels<kTile>::mn_major(dss, kk * 16), Panels::mn_major(ks, kk * 16),
+                              kk > 0);
+  wgmma::commit();
+  wgmma::wait<0>();
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp * kWarpRows + grp + 8 * half, c = dt * 8 + 2 * tig;
+      *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
+          make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
+    }
+  fence_proxy_async_shared();  // the share is read by a bulk reduction next
+}
+
 // dK, dV and (kAtomicDq) the one-pass dQ on wgmma (head widths up to kWgmmaBackwardWidth):
 // dkdv_kernel's grid, loop and rule step with 64-row query tiles, every product a warpgroup
 // product over swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory
@@ -816,7 +880,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
   const bool vec = Dh % 8 == 0;
   const KeyTileLoop<kTile> loop(d);
   const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
   const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
@@ -837,10 +901,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
   }
 
   float dk[kDTiles][4], dv[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  zero_key_grads<kPadded>(dk, dv);
   auto& dk_flat = reinterpret_cast<float(&)[kPadded / 2]>(dk);
   auto& dv_flat = reinterpret_cast<float(&)[kPadded / 2]>(dv);
 
@@ -869,53 +930,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     const int64_t p0 = loop.tile(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
-    // P^T as A fragments; dS^T as A fragments too, or (kAtomicDq) staged in dss (row = key,
-    // column = query), read from there by both the dK product and the dQ share.
-    uint32_t pa[kTile / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) pack_a(pa[kk], st, kk);
     if constexpr (kAtomicDq) {
-#pragma unroll
-      for (int nt = 0; nt < kQueryTiles; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
-          *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
-              pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
-        }
-      fence_proxy_async_shared();
-      if (threadIdx.x == 0) bulk_wait_read();  // the last iteration's share has left dqs
-      __syncthreads();
-      wgmma::fence();
+      one_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, ks, qst, dyst, dss, dqs, warp, threadIdx.x == 0,
+                                 [] { __syncthreads(); });
+    } else {  // P^T and dS^T as A fragments
+      uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        // k = query rows 16 kk .. of dO and Q (MN-major) and columns 16 kk .. of dS^T (K-major).
-        wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
-        wgmma::mma<kPadded, 0, 1>(dk_flat, wgmma::Panels<kTile>::k_major(dss, kk * 16), Panels::mn_major(qst, kk * 16),
-                                  true);
+        pack_a(pa[kk], st, kk);
+        pack_a(dsa[kk], dpt, kk);
       }
-      // dQ's share dS K, k = key rows 16 kk .. of dS^T and K (both MN-major).
-      float dq[kDTiles][4];
-      auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk)
-        wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::Panels<kTile>::mn_major(dss, kk * 16), Panels::mn_major(ks, kk * 16),
-                                  kk > 0);
-      wgmma::commit();
-      wgmma::wait<0>();
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = warp * kWarpRows + grp + 8 * half, c = dt * 8 + 2 * tig;
-          *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, c)) =
-              make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
-        }
-      fence_proxy_async_shared();  // the share is read by the bulk reduction below
-    } else {
-      uint32_t dsa[kTile / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) pack_a(dsa[kk], dpt, kk);
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {  // k = query rows 16 kk .. of dO and Q (MN-major)
@@ -1059,7 +1083,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-  const int c = wg, tid = threadIdx.x % 128, grp = lane / 4, tig = lane % 4;
+  const int c = wg, tid = threadIdx.x % 128, grp = lane / 4;
   unsigned char* ct = base + c * L::kConsumerBytes;
   uint16_t* ks = reinterpret_cast<uint16_t*>(ct);
   uint16_t* vs = reinterpret_cast<uint16_t*>(ct + L::kTileBytes);
@@ -1075,10 +1099,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   };
 
   float dk[kDTiles][4], dv[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
+  zero_key_grads<kPadded>(dk, dv);
   auto& dk_flat = reinterpret_cast<float(&)[kPadded / 2]>(dk);
   auto& dv_flat = reinterpret_cast<float(&)[kPadded / 2]>(dv);
   tma::wait(kv_full, 0);
@@ -1094,46 +1115,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       float st[kQueryTiles][4], dpt[kQueryTiles][4];
       two_products_wgmma<kPadded>(st, ks, qst, dpt, vs, dyst);
       key_tile_grads(rule, st, dpt, norm_stage(s), delta_stage(s), p0, jc, key, T);
-      uint32_t pa[kTile / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) pack_a(pa[kk], st, kk);
-#pragma unroll
-      for (int nt = 0; nt < kQueryTiles; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int kr = warp * kWarpRows + grp + 8 * half, qc = nt * 8 + 2 * tig;
-          *reinterpret_cast<uint32_t*>(dss + tile_offset<64, true>(kr, qc)) =
-              pack_bf16(dpt[nt][2 * half], dpt[nt][2 * half + 1]);
-        }
-      fence_proxy_async_shared();
-      if (tid == 0) bulk_wait_read();  // this consumer's last share has left dqs
-      group_sync();
-      float dq[kDTiles][4];
-      auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
-        wgmma::mma<kPadded, 0, 1>(dk_flat, wgmma::Panels<kTile>::k_major(dss, kk * 16), Panels::mn_major(qst, kk * 16),
-                                  true);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk)
-        wgmma::mma<kPadded, 1, 1>(dq_flat, wgmma::Panels<kTile>::mn_major(dss, kk * 16), Panels::mn_major(ks, kk * 16),
-                                  kk > 0);
-      wgmma::commit();
-      wgmma::wait<0>();
+      one_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, ks, qst, dyst, dss, dqs, warp, tid == 0, group_sync);
       __syncwarp();
       if (lane == 0) tma::arrive(&empty[s]);  // this warp is done with the stage
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = warp * kWarpRows + grp + 8 * half, col = dt * 8 + 2 * tig;
-          *reinterpret_cast<float2*>(dqs + r * kPadded + dq_sum_col<kPadded>(r, col)) =
-              make_float2(dq[dt][2 * half], dq[dt][2 * half + 1]);
-        }
-      fence_proxy_async_shared();  // the share is read by the bulk reduction below
       group_sync();
       if (tid == 0)
         bulk_reduce_add_f32(a.dq_accum + ((b * Hq + head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
