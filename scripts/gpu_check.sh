@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The GPU checks and benchmarks of the open performance work, in one go on a machine with an
+# NVIDIA GPU (sm_90a): builds Release into build/ (ninja when present), then runs the steps named
+# on the command line (default: all), each under a time limit, with its full log in OUT_DIR and a
+# short summary printed last. Benchmark results are written to OUT_DIR/results (copy them to
+# bench/results to record them).
+#
+#   scripts/gpu_check.sh OUT_DIR [tests] [ws] [relation] [algproj] [model] [algtests]
+#
+#   tests     the GPU test suite but the algebraic-projection and warp-specialized tests
+#   ws        the warp-specialized one-pass dK/dV (QUIVER_FLASH_DKDV=ws): its GPU tests, then
+#             compute-sanitizer memcheck on one of them when compute-sanitizer is installed
+#   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
+#             with the PyTorch peer when python3 has a CUDA torch)
+#   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
+#   model     quiver bench model --device cuda: the Relation and MHA presets' training tok/s
+#   algtests  the algebraic-projection GPU tests (a few minutes)
+# Environment: LIMIT (seconds per step, default 540).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ]; then
+  sed -n '2,18p' "$0"
+  exit 2
+fi
+out="$1"
+shift
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests ws relation algproj model algtests)
+limit="${LIMIT:-540}"
+mkdir -p "$out/results"
+summary=()
+
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+start=$(date +%s)
+if ! { cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release && cmake --build build -j "$(nproc)"; } \
+    > "$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"
+  echo "build failed (log: $out/build.log)"
+  exit 1
+fi
+summary+=("build: ok in $(( $(date +%s) - start )) s")
+tests=build/tests/quiver_gpu_tests
+Q=build/bin/quiver
+
+# run NAME COMMAND...: the command under the time limit, its log in OUT_DIR/NAME.log.
+run() {
+  local name="$1"
+  shift
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  local verdict="ok"
+  [ $rc -eq 124 ] && verdict="timed out after ${limit} s"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="failed (exit $rc)"
+  local passed
+  passed=$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$name.log" | tr '\n' ' ')
+  summary+=("$name: $verdict in $(( $(date +%s) - t0 )) s ${passed}")
+  echo "== $name: $verdict"
+  tail -25 "$out/$name.log"
+}
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*:*WarpSpecialized*' ;;
+    algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
+    ws)
+      run ws "$tests" --gtest_filter='*WarpSpecialized*:GpuRelationBench.*'
+      if command -v compute-sanitizer > /dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+        cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        run ws-memcheck "$cs" --tool memcheck "$tests" \
+          --gtest_filter='Shapes/GpuRelation.WarpSpecialized*/*T130*:Shapes/GpuRelation.WarpSpecialized*/*T300*'
+      fi
+      ;;
+    relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
+    algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
+    model)
+      run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
+        rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096
+      ;;
+    *) echo "unknown step '$step' (tests, algtests, ws, relation, algproj, model)"; exit 2 ;;
+  esac
+done
+
+echo
+echo "summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)):"
+printf '  %s\n' "${summary[@]}"
