@@ -76,7 +76,7 @@ struct Variant {
 
 class ShapeBench {
  public:
-  ShapeBench(const RelationBenchShape& s, Rng& rng) : s_(s), shape_{s.B, s.T, s.H, s.Dh} {
+  ShapeBench(const RelationBenchShape& s, Rng& rng) : shape_{s.B, s.T, s.H, s.Dh} {
     p1_ = random_device_bf16(shape_, rng, -2.0, 2.0);
     p2_ = random_device_bf16(shape_, rng, -2.0, 2.0);
     v_ = random_device_bf16(shape_, rng, -1.0, 1.0);
@@ -160,7 +160,6 @@ class ShapeBench {
     ref.ready = true;
   }
 
-  RelationBenchShape s_;
   Shape shape_;
   Tensor p1_, p2_, v_, dy_, y_, dp1_, dp2_, dv_, stats_, lse_, workspace_, lambda_, dlambda_;
   RelationKernelOptions options_;
