@@ -65,7 +65,7 @@ for step in "${steps[@]}"; do
     tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*:*WarpSpecialized*' ;;
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
     ws)
-      run ws "$tests" --gtest_filter='*WarpSpecialized*:GpuRelationBench.*'
+      run ws "$tests" --gtest_filter='GpuTma.*:*WarpSpecialized*:GpuRelationBench.*'
       if command -v compute-sanitizer > /dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
         cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
         run ws-memcheck "$cs" --tool memcheck "$tests" \

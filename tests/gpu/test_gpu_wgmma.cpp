@@ -7,12 +7,16 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/tma.h"
 #include "gpu/gpu_testing.h"
 #include "gpu/wgmma_probe.h"
 #include "quiver/dtype.h"
+#include "quiver/error.h"
 #include "quiver/rng.h"
 
 using namespace quiver;
@@ -153,6 +157,57 @@ TEST(GpuTma, TilesLandInThePanelLayout) {
     cudaFree(dout);
     EXPECT_EQ(got, expect);
   }
+}
+
+// A tile of one head of [B, T, H, Dh] tensors, as the warp-specialized dK/dV pass loads its
+// query, dY, key and value tiles: the last rows of the last head of the second batch (28 past
+// T), head widths narrower than their tiles (8 → 16, 40 → 48, 72 → 80) and equal to them.
+TEST(GpuTma, HeadTilesLandInThePanelLayout) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t B = 2, T = 100, H = 3;
+  constexpr int b = 1, h = 2, t0 = 64;
+  const std::pair<int, int> widths[] = {{8, 16}, {16, 16}, {24, 32}, {40, 48}, {48, 48},
+                                        {64, 64}, {72, 80}, {80, 80}, {96, 96}};
+  for (const auto& [dh, k] : widths) {
+    SCOPED_TRACE(testing::Message() << "Dh " << dh << ", tile " << k);
+    Rng rng(150 + dh);
+    const Operand m = random_operand(B * T * H * dh, rng);
+    std::vector<uint16_t> expect(64 * k, 0);
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < dh; ++c)
+        if (t0 + r < T) expect[r * k + c] = m.bits[((b * T + t0 + r) * H + h) * dh + c];
+    uint16_t *dm = nullptr, *dout = nullptr;
+    QV_CUDA_CHECK(cudaMalloc(&dm, m.bits.size() * 2));
+    QV_CUDA_CHECK(cudaMalloc(&dout, expect.size() * 2));
+    QV_CUDA_CHECK(cudaMemcpy(dm, m.bits.data(), m.bits.size() * 2, cudaMemcpyHostToDevice));
+    QV_CUDA_CHECK(cudaMemset(dout, 0xFF, expect.size() * 2));
+    tma_head_tile(dm, B, T, H, dh, b, h, t0, dout, k);
+    std::vector<uint16_t> got(expect.size());
+    QV_CUDA_CHECK(cudaDeviceSynchronize());
+    QV_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
+    cudaFree(dm);
+    cudaFree(dout);
+    EXPECT_EQ(got, expect);
+  }
+}
+
+// Heads whose rows are not 16-byte aligned (Dh not a multiple of 8), or a base off 16 bytes,
+// cannot be TMA boxes: refused by name before the driver is asked. Needs no GPU.
+TEST(GpuTma, HeadMapsRefuseWhatTheHardwareCannotLoad) {
+  const void* base = reinterpret_cast<const void*>(uintptr_t{4096});
+  try {
+    cuda::tma_map_heads_bf16(base, 1, 64, 2, 60, 64, 64);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Dh a multiple of 8"), std::string::npos) << e.what();
+  }
+  try {
+    cuda::tma_map_heads_bf16(reinterpret_cast<const void*>(uintptr_t{4100}), 1, 64, 2, 64, 64, 64);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cuda::tma_map_heads_bf16(base, 1, 64, 2, 64, 64, 48), Error);  // no swizzle of 96-byte rows
 }
 
 // S = A Bᵀ from two TMA-loaded tiles of [100, k] matrices, rows 36..99 (all inside) and 64..127

@@ -131,6 +131,31 @@ __global__ void __launch_bounds__(128) tma_tile_kernel(const __grid_constant__ C
     out[i] = *reinterpret_cast<const uint16_t*>(tile + P::offset(i / K, i % K));
 }
 
+// The 64-row tile at rows t0.. of head h in batch b of a rank-4 heads map (boxes of one panel),
+// read back through Panels<K>::offset: as the warp-specialized dK/dV pass loads its tiles.
+template <int K>
+__global__ void __launch_bounds__(128) tma_head_tile_kernel(const __grid_constant__ CUtensorMap map, int b, int h,
+                                                            int t0, uint16_t* out) {
+  using P = wg::Panels<K>;
+  namespace tma = cuda::detail::tma;
+  __shared__ __align__(1024) unsigned char tile[P::kBytes];
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    tma::init(&bar, 1);
+    tma::fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tma::arrive_expect(&bar, P::kBytes);
+    for (uint32_t p = 0; p < P::kBytes / P::kPanelBytes; ++p)
+      tma::load_4d(tile + p * P::kPanelBytes, &map, &bar, static_cast<int>(p) * P::kPanelCols, h, t0, b);
+  }
+  for (int tries = 0; !tma::try_wait(&bar, 0); ++tries)
+    if (tries > (1 << 22)) __trap();
+  for (int i = threadIdx.x; i < 64 * K; i += blockDim.x)
+    out[i] = *reinterpret_cast<const uint16_t*>(tile + P::offset(i / K, i % K));
+}
+
 template <int K>
 __global__ void __launch_bounds__(128) tma_k_major_kernel(const __grid_constant__ CUtensorMap map_a,
                                                           const __grid_constant__ CUtensorMap map_b, int row0, float* c) {
@@ -168,6 +193,14 @@ CUtensorMap panel_map(const uint16_t* m, int64_t rows, int64_t cols) {
 
 void tma_tile(const uint16_t* m, int64_t rows, int64_t cols, int row0, int col0, uint16_t* out, int k) {
   for_width(k, [&]<int W>() { tma_tile_kernel<W><<<1, 128>>>(panel_map<W>(m, rows, cols), row0, col0, out); });
+}
+
+void tma_head_tile(const uint16_t* m, int64_t B, int64_t T, int64_t H, int64_t Dh, int b, int h, int t0,
+                   uint16_t* out, int k) {
+  for_width(k, [&]<int W>() {
+    tma_head_tile_kernel<W><<<1, 128>>>(cuda::tma_map_heads_bf16(m, B, T, H, Dh, 64, wg::Panels<W>::kPanelCols), b,
+                                        h, t0, out);
+  });
 }
 
 void tma_k_major(const uint16_t* a, const uint16_t* b, int64_t rows, int row0, float* c, int k) {

@@ -29,6 +29,12 @@ void wgmma_mn_major(const uint16_t* a, const uint16_t* b, float* c, int n);
 // per panel) and read back through Panels<k>::offset; zeros outside the matrix.
 void tma_tile(const uint16_t* m, int64_t rows, int64_t cols, int row0, int col0, uint16_t* out, int k);
 
+// out [64, k] (bf16 bits) = rows t0 .. t0 + 63 of head h in batch b of the [B, T, H, Dh] tensor m
+// (device, Dh <= k, a multiple of 8), loaded by TMA through cuda::tma_map_heads_bf16 into a
+// Panels<k> tile (one box per panel) and read back; zeros past T and past Dh.
+void tma_head_tile(const uint16_t* m, int64_t B, int64_t T, int64_t H, int64_t Dh, int b, int h, int t0,
+                   uint16_t* out, int k);
+
 // c [64, 64] fp32 = A · Bᵀ for the 64-row tiles at row0 of a [rows, k] and b [rows, k] (device,
 // row-major), both loaded by TMA and read K-major by wgmma, as S = Q Kᵀ would read them.
 void tma_k_major(const uint16_t* a, const uint16_t* b, int64_t rows, int row0, float* c, int k);
