@@ -81,13 +81,18 @@ TEST(BenchResults, PeerRowsJoinOnTheirKeys) {
   EXPECT_THROW(quiver::cli::join_rows(rows, nlohmann::ordered_json::object(), {"B"}, {"x"}), quiver::Error);
 }
 
-TEST(BenchRelationCli, BadShapeListsFailNamingTheEntry) {
+TEST(BenchRelationCli, BadShapeAndModeListsFailNamingTheEntry) {
   qt::ScratchDir dir("bench_relation_shapes");
   for (const char* bad : {"64:1024:8", "64:1024:8:0", "64x1024x8x48", "1:2:3:4:5", ",64:1024:8:48"}) {
     const qt::CliResult r =
         qt::run_cli(fmt::format("bench relation --device cuda --peer none --shapes '{}'", bad), dir);
     EXPECT_NE(r.status, 0) << bad;
     EXPECT_NE(r.err.find("--shapes"), std::string::npos) << bad << ": " << r.err;
+  }
+  for (const char* bad : {"two-pass,fast", ""}) {
+    const qt::CliResult r = qt::run_cli(fmt::format("bench relation --device cuda --peer none --dq '{}'", bad), dir);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.err.find("--dq"), std::string::npos) << bad << ": " << r.err;
   }
   const qt::CliResult r = qt::run_cli("bench relation --device tpu", dir);
   EXPECT_NE(r.status, 0);

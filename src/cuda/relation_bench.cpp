@@ -172,6 +172,17 @@ class ShapeBench {
 std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& options) {
   QV_CHECK(options.runs >= 3, "bench relation: at least 3 trials, got {}", options.runs);
   QV_CHECK(options.repeat >= 1, "bench relation: repeat must be positive, got {}", options.repeat);
+  std::vector<Dq> modes;
+  for (const std::string& name : options.dq) {
+    bool known = false;
+    for (Dq dq : {Dq::TwoPass, Dq::OnePass, Dq::OnePassWs})
+      if (name == dq_name(dq)) {
+        modes.push_back(dq);
+        known = true;
+      }
+    QV_CHECK(known, "bench relation: no dQ mode '{}' (two-pass, one-pass, one-pass-ws)", name);
+  }
+  QV_CHECK(!modes.empty(), "bench relation: no dQ mode to time");
   std::vector<RelationBenchRow> rows;
   Rng rng(20261201);
   for (const RelationBenchShape& s : options.shapes) {
@@ -180,7 +191,7 @@ std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& op
     ShapeBench bench(s, rng);
     std::vector<Variant> variants;
     for (bool relation : {true, false})
-      for (Dq dq : {Dq::TwoPass, Dq::OnePass, Dq::OnePassWs}) variants.push_back({relation, dq, {}, {}});
+      for (Dq dq : modes) variants.push_back({relation, dq, {}, {}});
     for (Variant& v : variants) {  // warm-up: kernels loaded, the one-pass scratch allocated
       const DqMode mode(v.dq);
       bench.forward(v.relation);

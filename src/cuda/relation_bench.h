@@ -32,8 +32,12 @@ inline std::vector<RelationBenchShape> relation_bench_paper_shapes() {
   return {{"10M", 64, 1024, 8, 48}, {"30M", 32, 2048, 8, 64}, {"100M", 8, 4096, 8, 80}};
 }
 
+// The dQ modes a run times, by RelationBenchRow::dq's names.
+inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass", "one-pass-ws"}; }
+
 struct RelationBenchOptions {
   std::vector<RelationBenchShape> shapes = relation_bench_paper_shapes();
+  std::vector<std::string> dq = relation_bench_dq_modes();  // a subset, in any order
   int runs = 11;    // alternating trials (at least 3)
   int repeat = 5;   // calls per trial and pass
   bool check = true;

@@ -45,6 +45,7 @@ struct RelationBenchArgs {
   // cuda: B:T:H:Dh,... (empty: the paper's 10M, 30M and 100M scales), trials, and the peer
   // script ("" or "none": no peer).
   std::string shapes;
+  std::string dq = "two-pass,one-pass,one-pass-ws";
   int runs = 11;
   std::string peer = "bench/peer_attention.py";
   int peer_trials = 20;
@@ -149,6 +150,15 @@ nlohmann::ordered_json run_peer(const RelationBenchArgs& a, const std::vector<cu
 void run_cuda(const RelationBenchArgs& a) {
   cuda::RelationBenchOptions options;
   options.shapes = parse_shapes(a.shapes);  // before anything runs: a bad list fails at once
+  options.dq.clear();
+  std::stringstream modes(a.dq);
+  for (std::string m; std::getline(modes, m, ',');) {
+    const auto known = cuda::relation_bench_dq_modes();
+    QV_CHECK(std::find(known.begin(), known.end(), m) != known.end(),
+             "--dq: no mode '{}' (two-pass, one-pass, one-pass-ws)", m);
+    options.dq.push_back(m);
+  }
+  QV_CHECK(!options.dq.empty(), "--dq: no mode in '{}'", a.dq);
   options.runs = a.runs;
 #ifdef QUIVER_HAVE_CUDA
   QV_CHECK(cuda::device_count() > 0, "bench relation --device cuda: no CUDA device found");
@@ -323,6 +333,7 @@ void register_bench_relation(CLI::App& bench) {
       "beside PyTorch SDPA (FlashAttention) and the materialized Relation run by --peer.");
   cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--shapes", a->shapes, "cuda: B:T:H:Dh,... (default the paper's three scales)");
+  cmd->add_option("--dq", a->dq, "cuda: the dQ modes to time, comma-separated")->capture_default_str();
   cmd->add_option("--runs", a->runs, "cuda: alternating trials")->check(CLI::Range(3, 1000))->capture_default_str();
   cmd->add_option("--peer", a->peer, "cuda: the PyTorch peer script (\"none\": skip it)")->capture_default_str();
   cmd->add_option("--peer-trials", a->peer_trials, "cuda: the peer's timed trials")
