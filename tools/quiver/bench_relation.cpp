@@ -194,7 +194,24 @@ void run_cuda(const RelationBenchArgs& a) {
   const std::string machine = fmt::format("{} (GPU), host {}", cuda::device_name(), cpu_description());
   print_table(rows);
   const std::string path = write_results(a.results_dir, "relation-cuda", machine, rows);
-  fmt::print("machine: {}\nresults: {}\n", machine, path);
+  // Forward + backward tok/s against T: each variant, and SDPA where the peer ran.
+  nlohmann::ordered_json series_rows = nlohmann::ordered_json::array();
+  for (const auto& r : rows) {
+    series_rows.push_back({{"series", fmt::format("{} ({})", r["mixer"].get<std::string>(), r["dq"].get<std::string>())},
+                           {"T", r["T"]},
+                           {"tok_s", r["tok_s"]}});
+    if (r["mixer"] == "flash_relation" && r["dq"] == "two-pass" && r.contains("sdpa_total_ms"))
+      series_rows.push_back({{"series", "PyTorch SDPA (FlashAttention)"},
+                             {"T", r["T"]},
+                             {"tok_s", static_cast<double>(r["B"].get<int64_t>() * r["T"].get<int64_t>()) /
+                                           (r["sdpa_total_ms"].get<double>() * 1e-3)}});
+  }
+  train::PlotOptions plot;
+  plot.title = fmt::format("Forward + backward on {}: FlashRelation, our attention and SDPA", cuda::device_name());
+  plot.x_label = "T (the scales' B·T tokens per call)";
+  plot.y_label = "tokens per second";
+  const std::string svg = write_plot(path, row_series(series_rows, "series", "T", "tok_s"), plot);
+  fmt::print("machine: {}\nresults: {}\nplot: {}\n", machine, path, svg);
   fmt::print("goals (Relation paper scales): flash_relation vs_sdpa >= 0.95 and vs_materialized >= 10\n");
   for (const auto& r : rows)
     QV_CHECK(r["correct"].get<bool>(), "bench relation: {} {} ({} dQ) failed its correctness check (error {})",
