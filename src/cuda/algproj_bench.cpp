@@ -13,6 +13,7 @@
 #include "cuda/algproj.h"
 #include "cuda/algproj_launch.h"
 #include "cuda/backend.h"
+#include "cuda/bench_stats.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
 #include "quiver/dtype.h"
@@ -20,6 +21,8 @@
 
 namespace quiver::cuda {
 namespace {
+
+using detail::median;
 
 constexpr double kPeakFlops = 790e12;     // bf16 dense tensor-core peak (PERF.md)
 constexpr double kPeakBandwidth = 4.3e12;  // HBM3e bytes/s (PERF.md)
@@ -48,12 +51,6 @@ double paper_speedup(const Shape3& s, int64_t M, int q) {
   if (is_32b(s) && M == 8192 && q == 128) return 8.33;
   if (is_32b(s) && M == 32768 && q == 256) return 11.51;
   return 0;
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static_assert(sizeof(bf16) == 2, "bf16 values are copied from device bf16 buffers");

@@ -638,26 +638,30 @@ __device__ __forceinline__ void zero_key_grads(float (&dk)[kPadded / 8][4], floa
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.0f;
 }
 
-// The dK/dV passes' loop for the key tile at j0 of KV head g in batch b (the block's): over the
-// group's query heads and the query tiles of kRows rows at or after the key tile (causal, so the
+// The dK/dV passes' loop for the block's keys from j0 on, of KV head g in batch b (the block's):
+// over the group's query heads and the query tiles of kRows rows at or after j0 (causal, so the
 // query rows before j0 see none of its keys). Iteration `it` covers query head head(it) and the
 // query tile starting at tile(it).
 template <int kRows>
 struct KeyTileLoop {
   int64_t T, Hq, group, g, b, j0, nq, total;
+  // The keys of 64-row key tile blockIdx.x.
   __device__ __forceinline__ explicit KeyTileLoop(const Dims& d)
       : T(d.T), Hq(d.Hq), group(d.Hq / d.Hkv), g(blockIdx.y), b(blockIdx.z),
         j0(static_cast<int64_t>(blockIdx.x) * kTile), nq((d.T - j0 + kRows - 1) / kRows), total(group * nq) {}
+  __device__ __forceinline__ KeyTileLoop(const Dims& d, int64_t first_key)
+      : T(d.T), Hq(d.Hq), group(d.Hq / d.Hkv), g(blockIdx.y), b(blockIdx.z), j0(first_key),
+        nq((d.T - j0 + kRows - 1) / kRows), total(group * nq) {}
   __device__ __forceinline__ int64_t head(int64_t it) const { return g * group + it / nq; }
   __device__ __forceinline__ int64_t tile(int64_t it) const { return j0 + (it % nq) * kRows; }
-  // The normalizer and D of query row tile(it) + threadIdx.x: past T +inf (so P = 0 there) and 0.
+  // The normalizer and D of query row tile(it) + r: past T +inf (so P = 0 there) and 0.
   template <class Rule>
-  __device__ __forceinline__ float norm(const Rule& rule, int64_t it) const {
-    const int64_t p = tile(it) + threadIdx.x;
+  __device__ __forceinline__ float norm(const Rule& rule, int64_t it, unsigned r) const {
+    const int64_t p = tile(it) + r;
     return p < T ? rule.row_norm2((b * Hq + head(it)) * T + p) : INFINITY;
   }
-  __device__ __forceinline__ float delta(const float* rows, int64_t it) const {
-    const int64_t p = tile(it) + threadIdx.x;
+  __device__ __forceinline__ float delta(const float* rows, int64_t it, unsigned r) const {
+    const int64_t p = tile(it) + r;
     return p < T ? rows[(b * Hq + head(it)) * T + p] : 0.0f;
   }
 };
@@ -703,8 +707,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
   issue(0, 0);
   cp_async_commit();
   if (threadIdx.x < kBr) {
-    norm_s[threadIdx.x] = loop.norm(rule, 0);
-    delta_s[threadIdx.x] = loop.delta(a.delta, 0);
+    norm_s[threadIdx.x] = loop.norm(rule, 0, threadIdx.x);
+    delta_s[threadIdx.x] = loop.delta(a.delta, 0, threadIdx.x);
   }
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -716,8 +720,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
     if (it + 1 < total) {
       issue(it + 1, stage ^ 1);
       if (threadIdx.x < kBr) {
-        norm_next = loop.norm(rule, it + 1);
-        delta_next = loop.delta(a.delta, it + 1);
+        norm_next = loop.norm(rule, it + 1, threadIdx.x);
+        delta_next = loop.delta(a.delta, it + 1, threadIdx.x);
       }
     }
     cp_async_commit();
@@ -896,8 +900,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
   issue(0, 0);
   cp_async_commit();
   if (threadIdx.x < kTile) {
-    norm_s[threadIdx.x] = loop.norm(rule, 0);
-    delta_s[threadIdx.x] = loop.delta(a.delta, 0);
+    norm_s[threadIdx.x] = loop.norm(rule, 0, threadIdx.x);
+    delta_s[threadIdx.x] = loop.delta(a.delta, 0, threadIdx.x);
   }
 
   float dk[kDTiles][4], dv[kDTiles][4];
@@ -911,8 +915,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     if (it + 1 < total) {
       issue(it + 1, stage ^ 1);
       if (threadIdx.x < kTile) {
-        norm_next = loop.norm(rule, it + 1);
-        delta_next = loop.delta(a.delta, it + 1);
+        norm_next = loop.norm(rule, it + 1, threadIdx.x);
+        delta_next = loop.delta(a.delta, it + 1, threadIdx.x);
       }
     }
     cp_async_commit();
@@ -1023,11 +1027,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto delta_stage = [&](int s) { return norm_stage(s) + kTile; };
 
   const Dims& d = a.dims;
-  const int64_t T = d.T, Hq = d.Hq, group = d.Hq / d.Hkv, g = blockIdx.y, b = blockIdx.z;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kWsKeys;
-  const int64_t nq = (T - j0 + kTile - 1) / kTile, total = group * nq;  // query tiles from j0, per head
-  auto head = [&](int64_t it) { return g * group + it / nq; };
-  auto tile = [&](int64_t it) { return j0 + (it % nq) * kTile; };
+  const KeyTileLoop<kTile> loop(d, static_cast<int64_t>(blockIdx.x) * kWsKeys);
+  const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -1060,11 +1061,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int s = static_cast<int>(it % kWsStages);
       const int64_t use = it / kWsStages;
       if (use > 0) tma::wait(&empty[s], static_cast<uint32_t>((use - 1) & 1));  // its last tile was released
-      const int64_t h = head(it), p0 = tile(it);
-      for (int r = lane; r < kTile; r += 32) {
-        const int64_t p = p0 + r, row = (b * Hq + h) * T + p;
-        norm_stage(s)[r] = p < T ? rule.row_norm2(row) : INFINITY;
-        delta_stage(s)[r] = p < T ? a.delta[row] : 0.0f;
+      const int64_t h = loop.head(it), p0 = loop.tile(it);
+      for (unsigned r = lane; r < kTile; r += 32) {
+        norm_stage(s)[r] = loop.norm(rule, it, r);
+        delta_stage(s)[r] = loop.delta(a.delta, it, r);
       }
       if (lane == 0) {
         tma::arrive_expect(&full[s], 2 * L::kTileBytes);
@@ -1107,7 +1107,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int64_t it = 0; it < total; ++it) {
     const int s = static_cast<int>(it % kWsStages);
     tma::wait(&full[s], static_cast<uint32_t>((it / kWsStages) & 1));
-    const int64_t p0 = tile(it);
+    const int64_t p0 = loop.tile(it);
     const bool active = jc < T && p0 + kTile > jc;  // some query of the tile may see our keys
     if (active) {
       const uint16_t* qst = q_stage(s);
@@ -1120,7 +1120,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (lane == 0) tma::arrive(&empty[s]);  // this warp is done with the stage
       group_sync();
       if (tid == 0)
-        bulk_reduce_add_f32(a.dq_accum + ((b * Hq + head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
+        bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + loop.head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
                             sizeof(float) * kTile * kPadded);
     } else {
       __syncwarp();

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/attention.h"
+#include "cuda/bench_stats.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
 #include "cuda/relation.h"
@@ -20,14 +21,10 @@
 namespace quiver::cuda {
 namespace {
 
+using detail::median;
+
 constexpr float kLambda = 0.5f;
 constexpr double kBound = 4.0 / 256.0;  // 4 bf16 unit roundoffs
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 Tensor random_device_bf16(const Shape& shape, Rng& rng, double lo, double hi) {
   Tensor host = Tensor::empty(shape, DType::F32);
@@ -37,12 +34,13 @@ Tensor random_device_bf16(const Shape& shape, Rng& rng, double lo, double hi) {
   return dev;
 }
 
-// Head 0 of batch 0 of a [B, T, H, Dh] device tensor as a float64 [1, T, 1, Dh] host tensor.
+// Head 0 of batch 0 of a [B, T, H, Dh] bf16 device tensor as a float64 [1, T, 1, Dh] host
+// tensor (only its T rows cross the bus).
 Tensor head0_f64(const Tensor& dev) {
-  QV_CUDA_CHECK(cudaDeviceSynchronize());
-  Tensor host = Tensor::empty(dev.shape(), dev.dtype());
-  host.copy_from(dev);
-  return host.slice(0, 0, 1).slice(2, 0, 1).to(DType::F64);
+  const int64_t T = dev.dim(1), H = dev.dim(2), Dh = dev.dim(3);
+  Tensor host = Tensor::empty({1, T, 1, Dh}, DType::BF16);
+  QV_CUDA_CHECK(cudaMemcpy2D(host.raw(), Dh * 2, dev.raw(), H * Dh * 2, Dh * 2, T, cudaMemcpyDeviceToHost));
+  return host.to(DType::F64);
 }
 
 enum class Dq { TwoPass, OnePass, OnePassWs };

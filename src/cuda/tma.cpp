@@ -3,6 +3,10 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <string>
+
+#include <fmt/format.h>
+
 #include "cuda/check.h"
 #include "quiver/error.h"
 
@@ -21,9 +25,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-}  // namespace
 
-namespace {
 // The swizzle whose rows are box_cols bf16 wide (wgmma::Panels' modes).
 CUtensorMapSwizzle swizzle_of(int box_cols) {
   const CUtensorMapSwizzle swizzle = box_cols == 16   ? CU_TENSOR_MAP_SWIZZLE_32B
@@ -33,53 +35,52 @@ CUtensorMapSwizzle swizzle_of(int box_cols) {
   QV_CHECK(swizzle != CU_TENSOR_MAP_SWIZZLE_NONE, "tma: box columns {} (must be 16, 32 or 64)", box_cols);
   return swizzle;
 }
+
+// A bf16 map of `rank` dimensions (dims innermost first, strides in bytes past the first),
+// boxes box[] with box[0] = box_cols and every step 1; `what` names the operand in errors.
+CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                   const cuuint32_t* box, int box_rows, const std::string& what) {
+  QV_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tma: {} must be 16-byte aligned", what);
+  QV_CHECK(box_rows >= 1 && box_rows <= 256, "tma: box rows {} outside 1..256", box_rows);
+  const CUtensorMapSwizzle swizzle = swizzle_of(static_cast<int>(box[0]));
+  const cuuint32_t steps[4] = {1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides,
+                               box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  QV_CHECK(r == CUDA_SUCCESS, "tma: cuTensorMapEncodeTiled failed ({}) for {}, box {} x {}", static_cast<int>(r), what,
+           box_rows, box[0]);
+  return map;
+}
+
+cuuint64_t u64(int64_t v) { return static_cast<cuuint64_t>(v); }
+cuuint32_t u32(int v) { return static_cast<cuuint32_t>(v); }
+
 }  // namespace
 
 CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                          int64_t row_stride) {
-  QV_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tma: the matrix must be 16-byte aligned");
   QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
            "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
-  QV_CHECK(box_rows >= 1 && box_rows <= 256, "tma: box rows {} outside 1..256", box_rows);
-  const CUtensorMapSwizzle swizzle = swizzle_of(box_cols);
   QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
            row_stride);
-  CUtensorMap map{};
-  const auto u64 = [](int64_t v) { return static_cast<cuuint64_t>(v); };
-  const auto u32 = [](int v) { return static_cast<cuuint32_t>(v); };
-  // Rank 2 {cols, rows}, or rank 3 {cols, s, rows / s}; strides in bytes past the first dimension.
+  // Rank 2 {cols, rows}, or rank 3 {cols, s, rows / s}.
   const bool strided = row_stride > 1;
   const cuuint64_t dims[3] = {u64(cols), strided ? u64(row_stride) : u64(rows), u64(rows / row_stride)};
   const cuuint64_t strides[2] = {u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
   const cuuint32_t box[3] = {u32(box_cols), strided ? 1u : u32(box_rows), u32(box_rows)};
-  const cuuint32_t steps[3] = {1, 1, 1};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, strided ? 3 : 2, const_cast<void*>(base), dims,
-                               strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  QV_CHECK(r == CUDA_SUCCESS, "tma: cuTensorMapEncodeTiled failed ({}) for a [{}, {}] matrix, ld {}, box {} x {}",
-           static_cast<int>(r), rows, cols, ld, box_rows, box_cols);
-  return map;
+  return encode(base, strided ? 3 : 2, dims, strides, box, box_rows,
+                fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld));
 }
 
 CUtensorMap tma_map_heads_bf16(const void* base, int64_t B, int64_t T, int64_t H, int64_t Dh, int box_rows,
                                int box_cols) {
-  QV_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tma: the tensor must be 16-byte aligned");
   QV_CHECK(B > 0 && T > 0 && H > 0 && Dh > 0 && Dh % 8 == 0,
            "tma: a [{}, {}, {}, {}] tensor of heads (needs positive sizes, Dh a multiple of 8)", B, T, H, Dh);
-  QV_CHECK(box_rows >= 1 && box_rows <= 256, "tma: box rows {} outside 1..256", box_rows);
-  const CUtensorMapSwizzle swizzle = swizzle_of(box_cols);
-  CUtensorMap map{};
-  const auto u64 = [](int64_t v) { return static_cast<cuuint64_t>(v); };
   const cuuint64_t dims[4] = {u64(Dh), u64(H), u64(T), u64(B)};
   const cuuint64_t strides[3] = {u64(Dh) * 2, u64(H * Dh) * 2, u64(T * H * Dh) * 2};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), 1, static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t steps[4] = {1, 1, 1, 1};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides,
-                               box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  QV_CHECK(r == CUDA_SUCCESS, "tma: cuTensorMapEncodeTiled failed ({}) for [{}, {}, {}, {}] heads, box {} x {}",
-           static_cast<int>(r), B, T, H, Dh, box_rows, box_cols);
-  return map;
+  const cuuint32_t box[4] = {u32(box_cols), 1, u32(box_rows), 1};
+  return encode(base, 4, dims, strides, box, box_rows, fmt::format("the [{}, {}, {}, {}] heads", B, T, H, Dh));
 }
 
 }  // namespace quiver::cuda

@@ -129,6 +129,28 @@ TEST(GpuWgmma, MnMajorOperandsInSharedMemory) {
   }
 }
 
+namespace {
+
+// The elements a TMA probe writes: `m` copied to the device, `count` outputs poisoned (all-ones
+// bits), load(device m, device out) run, the outputs read back.
+template <class Load>
+std::vector<uint16_t> loaded_tile(const Operand& m, size_t count, Load load) {
+  uint16_t *dm = nullptr, *dout = nullptr;
+  QV_CUDA_CHECK(cudaMalloc(&dm, m.bits.size() * 2));
+  QV_CUDA_CHECK(cudaMalloc(&dout, count * 2));
+  QV_CUDA_CHECK(cudaMemcpy(dm, m.bits.data(), m.bits.size() * 2, cudaMemcpyHostToDevice));
+  QV_CUDA_CHECK(cudaMemset(dout, 0xFF, count * 2));
+  load(dm, dout);
+  std::vector<uint16_t> got(count);
+  QV_CUDA_CHECK(cudaDeviceSynchronize());
+  QV_CUDA_CHECK(cudaMemcpy(got.data(), dout, count * 2, cudaMemcpyDeviceToHost));
+  cudaFree(dm);
+  cudaFree(dout);
+  return got;
+}
+
+}  // namespace
+
 // A 64-row tile at column offset k of a [100, 2k] matrix, rows 64..127 (28 past the end): the
 // loaded panels hold the matrix's bits where Panels<k>::offset says, zeros past the end.
 TEST(GpuTma, TilesLandInThePanelLayout) {
@@ -144,18 +166,10 @@ TEST(GpuTma, TilesLandInThePanelLayout) {
     for (int r = 0; r < 64; ++r)
       for (int c = 0; c < k; ++c)
         if (kRow0 + r < kRows) expect[r * k + c] = m.bits[(kRow0 + r) * cols + k + c];
-    uint16_t *dm = nullptr, *dout = nullptr;
-    QV_CUDA_CHECK(cudaMalloc(&dm, m.bits.size() * 2));
-    QV_CUDA_CHECK(cudaMalloc(&dout, expect.size() * 2));
-    QV_CUDA_CHECK(cudaMemcpy(dm, m.bits.data(), m.bits.size() * 2, cudaMemcpyHostToDevice));
-    QV_CUDA_CHECK(cudaMemset(dout, 0xFF, expect.size() * 2));
-    tma_tile(dm, kRows, cols, kRow0, k, dout, k);
-    std::vector<uint16_t> got(expect.size());
-    QV_CUDA_CHECK(cudaDeviceSynchronize());
-    QV_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
-    cudaFree(dm);
-    cudaFree(dout);
-    EXPECT_EQ(got, expect);
+    EXPECT_EQ(loaded_tile(m, expect.size(), [&](const uint16_t* dm, uint16_t* dout) {
+                tma_tile(dm, kRows, cols, kRow0, k, dout, k);
+              }),
+              expect);
   }
 }
 
@@ -176,18 +190,10 @@ TEST(GpuTma, HeadTilesLandInThePanelLayout) {
     for (int r = 0; r < 64; ++r)
       for (int c = 0; c < dh; ++c)
         if (t0 + r < T) expect[r * k + c] = m.bits[((b * T + t0 + r) * H + h) * dh + c];
-    uint16_t *dm = nullptr, *dout = nullptr;
-    QV_CUDA_CHECK(cudaMalloc(&dm, m.bits.size() * 2));
-    QV_CUDA_CHECK(cudaMalloc(&dout, expect.size() * 2));
-    QV_CUDA_CHECK(cudaMemcpy(dm, m.bits.data(), m.bits.size() * 2, cudaMemcpyHostToDevice));
-    QV_CUDA_CHECK(cudaMemset(dout, 0xFF, expect.size() * 2));
-    tma_head_tile(dm, B, T, H, dh, b, h, t0, dout, k);
-    std::vector<uint16_t> got(expect.size());
-    QV_CUDA_CHECK(cudaDeviceSynchronize());
-    QV_CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
-    cudaFree(dm);
-    cudaFree(dout);
-    EXPECT_EQ(got, expect);
+    EXPECT_EQ(loaded_tile(m, expect.size(), [&](const uint16_t* dm, uint16_t* dout) {
+                tma_head_tile(dm, B, T, H, dh, b, h, t0, dout, k);
+              }),
+              expect);
   }
 }
 

@@ -99,11 +99,11 @@ __global__ void __launch_bounds__(128) mn_major_kernel(const uint16_t* a, const 
   store_accumulators<N>(d, c);
 }
 
-// The 64-row tile at (row0, col0) of `map` (boxes of one panel) into `tile`: thread 0 arms the
-// barrier and issues one load per panel; everyone waits for phase 0, a bounded number of tries
-// (a wrong byte count traps instead of hanging the test).
-template <int kCols>
-__device__ void tma_load_tile(unsigned char* tile, const CUtensorMap* map, uint64_t* bar, int row0, int col0) {
+// A 64-row Panels<kCols> tile into `tile` by TMA: thread 0 arms the barrier and calls
+// load(panel, destination, barrier) for each panel; everyone waits for phase 0, a bounded number
+// of tries (a wrong byte count traps instead of hanging the test).
+template <int kCols, class Load>
+__device__ void tma_load_panels(unsigned char* tile, uint64_t* bar, Load load) {
   using P = wg::Panels<kCols>;
   namespace tma = cuda::detail::tma;
   if (threadIdx.x == 0) {
@@ -113,47 +113,48 @@ __device__ void tma_load_tile(unsigned char* tile, const CUtensorMap* map, uint6
   __syncthreads();
   if (threadIdx.x == 0) {
     tma::arrive_expect(bar, P::kBytes);
-    for (uint32_t p = 0; p < P::kBytes / P::kPanelBytes; ++p)
-      tma::load_2d(tile + p * P::kPanelBytes, map, bar, col0 + static_cast<int>(p) * P::kPanelCols, row0);
+    for (int p = 0; p < static_cast<int>(P::kBytes / P::kPanelBytes); ++p) load(p, tile + p * P::kPanelBytes, bar);
   }
   for (int tries = 0; !tma::try_wait(bar, 0); ++tries)
     if (tries > (1 << 22)) __trap();
 }
 
+// The 64-row tile at (row0, col0) of `map` (boxes of one panel) into `tile`.
+template <int kCols>
+__device__ void tma_load_tile(unsigned char* tile, const CUtensorMap* map, uint64_t* bar, int row0, int col0) {
+  tma_load_panels<kCols>(tile, bar, [&](int p, unsigned char* dst, uint64_t* b) {
+    cuda::detail::tma::load_2d(dst, map, b, col0 + p * wg::Panels<kCols>::kPanelCols, row0);
+  });
+}
+
+// The tile's elements, row-major [64, K], read through Panels<K>::offset.
 template <int K>
-__global__ void __launch_bounds__(128) tma_tile_kernel(const __grid_constant__ CUtensorMap map, int row0, int col0,
-                                                       uint16_t* out) {
+__device__ void read_tile(const unsigned char* tile, uint16_t* out) {
   using P = wg::Panels<K>;
-  __shared__ __align__(1024) unsigned char tile[P::kBytes];
-  __shared__ uint64_t bar;
-  tma_load_tile<K>(tile, &map, &bar, row0, col0);
   for (int i = threadIdx.x; i < 64 * K; i += blockDim.x)
     out[i] = *reinterpret_cast<const uint16_t*>(tile + P::offset(i / K, i % K));
 }
 
+template <int K>
+__global__ void __launch_bounds__(128) tma_tile_kernel(const __grid_constant__ CUtensorMap map, int row0, int col0,
+                                                       uint16_t* out) {
+  __shared__ __align__(1024) unsigned char tile[wg::Panels<K>::kBytes];
+  __shared__ uint64_t bar;
+  tma_load_tile<K>(tile, &map, &bar, row0, col0);
+  read_tile<K>(tile, out);
+}
+
 // The 64-row tile at rows t0.. of head h in batch b of a rank-4 heads map (boxes of one panel),
-// read back through Panels<K>::offset: as the warp-specialized dK/dV pass loads its tiles.
+// as the warp-specialized dK/dV pass loads its tiles.
 template <int K>
 __global__ void __launch_bounds__(128) tma_head_tile_kernel(const __grid_constant__ CUtensorMap map, int b, int h,
                                                             int t0, uint16_t* out) {
-  using P = wg::Panels<K>;
-  namespace tma = cuda::detail::tma;
-  __shared__ __align__(1024) unsigned char tile[P::kBytes];
+  __shared__ __align__(1024) unsigned char tile[wg::Panels<K>::kBytes];
   __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    tma::init(&bar, 1);
-    tma::fence_init();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    tma::arrive_expect(&bar, P::kBytes);
-    for (uint32_t p = 0; p < P::kBytes / P::kPanelBytes; ++p)
-      tma::load_4d(tile + p * P::kPanelBytes, &map, &bar, static_cast<int>(p) * P::kPanelCols, h, t0, b);
-  }
-  for (int tries = 0; !tma::try_wait(&bar, 0); ++tries)
-    if (tries > (1 << 22)) __trap();
-  for (int i = threadIdx.x; i < 64 * K; i += blockDim.x)
-    out[i] = *reinterpret_cast<const uint16_t*>(tile + P::offset(i / K, i % K));
+  tma_load_panels<K>(tile, &bar, [&](int p, unsigned char* dst, uint64_t* bar_) {
+    cuda::detail::tma::load_4d(dst, &map, bar_, p * wg::Panels<K>::kPanelCols, h, t0, b);
+  });
+  read_tile<K>(tile, out);
 }
 
 template <int K>
