@@ -57,11 +57,10 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
-// With the one-pass dQ on: its dK/dV pass warp-specialized (flash_mixer.cuh, dkdv_ws_kernel:
-// a producer warp's TMA loads feed two consumer warpgroups of 64 key rows each) where the head
-// width is a multiple of 8 and at most 96; otherwise the one-pass kernel of one warpgroup.
-// Experimental: not yet timed against the one-warpgroup pass. Starts from
-// QUIVER_FLASH_DKDV=ws (anything else: off).
+// The flash backward's dK/dV pass warp-specialized (flash_mixer.cuh, dkdv_ws_kernel: a
+// producer warp's TMA loads feed two consumer warpgroups of 64 key rows each), with either dQ,
+// where the head width is a multiple of 8 and at most 96; otherwise the kernel of one
+// warpgroup. Experimental. Starts from QUIVER_FLASH_DKDV=ws (anything else: off).
 bool flash_dkdv_ws();
 void set_flash_dkdv_ws(bool on);
 

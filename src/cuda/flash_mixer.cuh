@@ -43,6 +43,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention_launch.h"
 #include "cuda/check.h"
@@ -792,6 +793,30 @@ __device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], c
   wgmma::wait<0>();
 }
 
+// The two-pass dK/dV step after the rule step (st = P^T, dpt = dS^T, a warp's 16 key rows):
+// dV += P^T dY and dK += dS^T Q, P^T and dS^T as A fragments from registers, dY and Q
+// MN-major; waited for, so the query and dY tiles may be refilled on return.
+template <int kPadded>
+__device__ __forceinline__ void two_pass_products(const float (&st)[kTile / 8][4], const float (&dpt)[kTile / 8][4],
+                                                  float (&dk_flat)[kPadded / 2], float (&dv_flat)[kPadded / 2],
+                                                  const uint16_t* qst, const uint16_t* dyst) {
+  using Panels = wgmma::Panels<kPadded>;
+  uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    pack_a(pa[kk], st, kk);
+    pack_a(dsa[kk], dpt, kk);
+  }
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {  // k = query rows 16 kk .. of dO and Q (MN-major)
+    wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
+    wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], Panels::mn_major(qst, kk * 16), true);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+}
+
 // The one-pass dK/dV step after the rule step of a warpgroup's 64 key rows against one 64-row
 // query tile (st = P^T, dpt = dS^T, a warp's 16 rows, `warp` its index in the warpgroup): dS^T
 // staged in dss (row = key, column = query), then dV += P^T dY (P^T from registers), dK +=
@@ -934,25 +959,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     const int64_t p0 = loop.tile(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
-    if constexpr (kAtomicDq) {
+    if constexpr (kAtomicDq)
       one_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, ks, qst, dyst, dss, dqs, warp, threadIdx.x == 0,
                                  [] { __syncthreads(); });
-    } else {  // P^T and dS^T as A fragments
-      uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        pack_a(pa[kk], st, kk);
-        pack_a(dsa[kk], dpt, kk);
-      }
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {  // k = query rows 16 kk .. of dO and Q (MN-major)
-        wgmma::mma<kPadded, 1>(dv_flat, pa[kk], Panels::mn_major(dyst, kk * 16), true);
-        wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], Panels::mn_major(qst, kk * 16), true);
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-    }
+    else
+      two_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, qst, dyst);
     if (threadIdx.x < kTile) {
       norm_s[(stage ^ 1) * kTile + threadIdx.x] = norm_next;
       delta_s[(stage ^ 1) * kTile + threadIdx.x] = delta_next;
@@ -991,13 +1002,13 @@ struct WsMaps {
   CUtensorMap k, v;   // [B, T, Hkv, Dh]
 };
 
-template <int kPadded>
+template <int kPadded, bool kOnePass>
 struct WsLayout {
   using Panels = wgmma::Panels<kPadded>;
   static constexpr uint32_t kTileBytes = Panels::kBytes;
-  // Per consumer: its K and V tiles, the dS^T tile (Panels<64>) and the fp32 dQ share.
+  // Per consumer: its K and V tiles; kOnePass: the dS^T tile (Panels<64>) and the fp32 dQ share.
   static constexpr uint32_t kConsumerBytes =
-      2 * kTileBytes + wgmma::Panels<kTile>::kBytes + sizeof(float) * kTile * kPadded;
+      2 * kTileBytes + (kOnePass ? wgmma::Panels<kTile>::kBytes + sizeof(float) * kTile * kPadded : 0);
   static_assert(kConsumerBytes % 1024 == 0, "the consumers' tiles stay 1024-byte aligned");
   static constexpr uint32_t kRingOffset = 2 * kConsumerBytes;
   // Stage s: its query and dY tiles at kRingOffset + 2 s kTileBytes; the stages' normalizers and
@@ -1007,11 +1018,11 @@ struct WsLayout {
   static constexpr size_t kSmem = 1024 + kBarrierOffset + (2 * kWsStages + 1) * sizeof(uint64_t);
 };
 
-template <int kPadded, class Rule>
+template <int kPadded, class Rule, bool kOnePass>
 __global__ void __launch_bounds__(kWsThreads, 1)
     dkdv_ws_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ WsMaps maps) {
   static_assert(kPadded <= kWgmmaBackwardWidth, "the wgmma backward takes head widths up to 96");
-  using L = WsLayout<kPadded>;
+  using L = WsLayout<kPadded, kOnePass>;
   using Panels = wgmma::Panels<kPadded>;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;
@@ -1115,19 +1126,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       float st[kQueryTiles][4], dpt[kQueryTiles][4];
       two_products_wgmma<kPadded>(st, ks, qst, dpt, vs, dyst);
       key_tile_grads(rule, st, dpt, norm_stage(s), delta_stage(s), p0, jc, key, T);
-      one_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, ks, qst, dyst, dss, dqs, warp, tid == 0, group_sync);
-      __syncwarp();
-      if (lane == 0) tma::arrive(&empty[s]);  // this warp is done with the stage
-      group_sync();
-      if (tid == 0)
-        bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + loop.head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
-                            sizeof(float) * kTile * kPadded);
+      if constexpr (kOnePass) {
+        one_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, ks, qst, dyst, dss, dqs, warp, tid == 0, group_sync);
+        __syncwarp();
+        if (lane == 0) tma::arrive(&empty[s]);  // this warp is done with the stage
+        group_sync();
+        if (tid == 0)
+          bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + loop.head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
+                              sizeof(float) * kTile * kPadded);
+      } else {
+        two_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, qst, dyst);
+        __syncwarp();
+        if (lane == 0) tma::arrive(&empty[s]);
+      }
     } else {
       __syncwarp();
       if (lane == 0) tma::arrive(&empty[s]);
     }
   }
-  if (tid == 0) bulk_wait();  // dqs stays allocated until the sums are complete
+  if (kOnePass && tid == 0) bulk_wait();  // dqs stays allocated until the sums are complete
 
   finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, jc, key, warp);
 }
@@ -1418,30 +1435,40 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 key_grid(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B));
   const dim3 query_grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
+  // The warp-specialized dK/dV pass (flash_dkdv_ws) over 128-key blocks; TMA needs 16-byte row
+  // strides, so head widths that are not a multiple of 8 keep the one-warpgroup passes.
+  auto dkdv_ws = [&](auto one_pass) {
+    constexpr bool kOnePass = decltype(one_pass)::value;
+    if constexpr (kPadded <= kWgmmaBackwardWidth) {
+    constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
+    WsMaps maps;
+    maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+    maps.dy = tma_map_heads_bf16(io.dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+    maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+    maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+    auto dkdv = dkdv_ws_kernel<kPadded, Rule, kOnePass>;
+    constexpr size_t bytes = WsLayout<kPadded, kOnePass>::kSmem;
+    allow_smem(dkdv, bytes);
+    const dim3 grid(static_cast<unsigned>((d.T + kWsKeys - 1) / kWsKeys), static_cast<unsigned>(d.Hkv),
+                    static_cast<unsigned>(d.B));
+    dkdv<<<grid, kWsThreads, bytes, stream>>>(io, rule, maps);
+    QV_CUDA_CHECK(cudaGetLastError());
+    }
+  };
+  const bool ws = kPadded <= kWgmmaBackwardWidth && flash_dkdv_ws() && d.Dh % 8 == 0;
   if constexpr (kPadded <= kWgmmaBackwardWidth) {
     if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
-      if (flash_dkdv_ws() && d.Dh % 8 == 0) {  // warp-specialized: TMA needs 16-byte row strides
-        constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
-        WsMaps maps;
-        maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-        maps.dy = tma_map_heads_bf16(io.dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-        maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
-        maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
-        auto dkdv = dkdv_ws_kernel<kPadded, Rule>;
-        constexpr size_t bytes = WsLayout<kPadded>::kSmem;
-        allow_smem(dkdv, bytes);
-        const dim3 grid(static_cast<unsigned>((d.T + kWsKeys - 1) / kWsKeys), static_cast<unsigned>(d.Hkv),
-                        static_cast<unsigned>(d.B));
-        dkdv<<<grid, kWsThreads, bytes, stream>>>(io, rule, maps);
+      if (ws) {
+        dkdv_ws(std::true_type{});
       } else {
         auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true, kDkdvMinBlocks<kPadded>>;
         constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
         allow_smem(dkdv, bytes);
         dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+        QV_CUDA_CHECK(cudaGetLastError());
       }
-      QV_CUDA_CHECK(cudaGetLastError());
       dq_finish_kernel<kPadded, Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
       return;
@@ -1449,10 +1476,14 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
   }
   // The two passes: dK/dV over key tiles, then dQ over query tiles.
   auto two_passes = [&](auto dkdv, size_t dkdv_bytes, auto dq, size_t dq_bytes) {
-    allow_smem(dkdv, dkdv_bytes);
     allow_smem(dq, dq_bytes);
-    dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
-    QV_CUDA_CHECK(cudaGetLastError());
+    if (ws) {
+      dkdv_ws(std::false_type{});
+    } else {
+      allow_smem(dkdv, dkdv_bytes);
+      dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
+      QV_CUDA_CHECK(cudaGetLastError());
+    }
     dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
     QV_CUDA_CHECK(cudaGetLastError());
   };

@@ -30,14 +30,13 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
-// The one-pass dQ with its warp-specialized dK/dV pass (cuda::flash_dkdv_ws) for the scope's
+// The flash backward's warp-specialized dK/dV pass (cuda::flash_dkdv_ws) for the scope's
 // lifetime.
-struct WarpSpecializedDq {
-  WarpSpecializedDq() { cuda::set_flash_dkdv_ws(true); }
-  ~WarpSpecializedDq() { cuda::set_flash_dkdv_ws(false); }
-  WarpSpecializedDq(const WarpSpecializedDq&) = delete;
-  WarpSpecializedDq& operator=(const WarpSpecializedDq&) = delete;
-  OnePassDq one_pass;
+struct WarpSpecialized {
+  WarpSpecialized() { cuda::set_flash_dkdv_ws(true); }
+  ~WarpSpecialized() { cuda::set_flash_dkdv_ws(false); }
+  WarpSpecialized(const WarpSpecialized&) = delete;
+  WarpSpecialized& operator=(const WarpSpecialized&) = delete;
 };
 
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.

@@ -125,11 +125,20 @@ TEST_P(GpuAttention, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The same with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a block, TMA
-// loads); head widths that are not a multiple of 8 keep the one-warpgroup pass.
+// The two-pass backward with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a
+// block, TMA loads); head widths that are not a multiple of 8 or above 96 keep the
+// one-warpgroup pass.
+TEST_P(GpuAttention, WarpSpecializedTwoPassMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::WarpSpecialized ws;
+  check_forward_backward(GetParam());
+}
+
+// The same with the one-pass dQ.
 TEST_P(GpuAttention, WarpSpecializedOnePassDqMatchesTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::WarpSpecializedDq ws;
+  const gpu_testing::WarpSpecialized ws;
+  const gpu_testing::OnePassDq one_pass;
   check_forward_backward(GetParam());
 }
 
@@ -138,8 +147,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention, ::testing::ValuesIn(kCases));
 // The backward sums dk/dv over query tiles and heads in a fixed order and computes dq without
 // atomics: two runs agree bit for bit. Also covers 3-d inputs ([T, H, Dh], lse [Hq, T]) and
 // outputs allocated by the call.
-TEST(GpuAttentionDeterminism, BackwardIsBitwiseReproducible) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+void check_reproducible() {
   Rng rng(77);
   const int64_t T = 150, Hq = 4, Hkv = 2, Dh = 64;
   const Tensor q = to_device(random_bf16({T, Hq, Dh}, rng, -2.0, 2.0));
@@ -157,6 +165,18 @@ TEST(GpuAttentionDeterminism, BackwardIsBitwiseReproducible) {
     EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
     EXPECT_GT(norm(a), 0.0);
   }
+}
+
+TEST(GpuAttentionDeterminism, BackwardIsBitwiseReproducible) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_reproducible();
+}
+
+// The same with the warp-specialized dK/dV pass (one owner per key row, no atomics).
+TEST(GpuAttentionDeterminism, WarpSpecializedBackwardIsBitwiseReproducible) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::WarpSpecialized ws;
+  check_reproducible();
 }
 
 // Rows [b, t, :, :] of a host [B, T, H, Dh] bf16 tensor for every b, as a [B, H, Dh] tensor.

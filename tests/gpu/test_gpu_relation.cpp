@@ -282,11 +282,20 @@ TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The same with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a block, TMA
-// loads); head widths that are not a multiple of 8 keep the one-warpgroup pass.
+// The two-pass backward with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a
+// block, TMA loads); head widths that are not a multiple of 8 or above 96 keep the
+// one-warpgroup pass.
+TEST_P(GpuRelation, WarpSpecializedTwoPassMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::WarpSpecialized ws;
+  check_forward_backward(GetParam());
+}
+
+// The same with the one-pass dQ.
 TEST_P(GpuRelation, WarpSpecializedOnePassDqMatchesTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::WarpSpecializedDq ws;
+  const gpu_testing::WarpSpecialized ws;
+  const gpu_testing::OnePassDq one_pass;
   check_forward_backward(GetParam());
 }
 
@@ -294,8 +303,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
 
 // The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
 // Also covers 3-d inputs ([T, H, Dh], stats [H, T, 3]) and a null dλ.
-TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+void check_reproducible() {
   Rng rng(91);
   const int64_t T = 150, H = 4, Dh = 64;
   const Shape shape{T, H, Dh};
@@ -332,6 +340,18 @@ TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
   const float l0 = host_scalar(dlambda[0]), l1 = host_scalar(dlambda[1]);
   EXPECT_EQ(std::memcmp(&l0, &l1, sizeof(float)), 0);
   EXPECT_NE(l0, 0.0f);
+}
+
+TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_reproducible();
+}
+
+// The same with the warp-specialized dK/dV pass (one owner per key row, no atomics).
+TEST(GpuRelationDeterminism, WarpSpecializedBackwardIsBitwiseReproducible) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::WarpSpecialized ws;
+  check_reproducible();
 }
 
 struct DecodeCase {
@@ -455,7 +475,7 @@ TEST(GpuRelationBench, EveryVariantTimedAndChecked) {
   options.runs = 3;
   options.repeat = 1;
   const std::vector<cuda::RelationBenchRow> rows = cuda::bench_relation_cuda(options);
-  ASSERT_EQ(rows.size(), 6u);  // {FlashRelation, attention} x {two-pass, one-pass, one-pass-ws}
+  ASSERT_EQ(rows.size(), 8u);  // {FlashRelation, attention} x the four dQ modes
   for (const cuda::RelationBenchRow& r : rows) {
     SCOPED_TRACE(r.mixer + " " + r.dq);
     EXPECT_TRUE(r.correct) << "rel. error " << r.rel_error;
