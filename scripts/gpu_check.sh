@@ -5,11 +5,11 @@
 # short summary printed last. Benchmark results are written to OUT_DIR/results (copy them to
 # bench/results to record them).
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [ws] [relation] [algproj] [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [algproj] [model] [algtests]
 #
-#   tests     the GPU test suite but the algebraic-projection and warp-specialized tests
-#   ws        the warp-specialized one-pass dK/dV (QUIVER_FLASH_DKDV=ws): its GPU tests, then
-#             compute-sanitizer memcheck on one of them when compute-sanitizer is installed
+#   tests     the GPU test suite but the algebraic-projection tests
+#   memcheck  compute-sanitizer memcheck on flash backward tests that run the warp-specialized
+#             dK/dV pass (TMA, barriers), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
 #             with the PyTorch peer when python3 has a CUDA torch)
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
@@ -25,7 +25,7 @@ fi
 out="$1"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests ws relation algproj model algtests)
+[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation algproj model algtests)
 limit="${LIMIT:-540}"
 mkdir -p "$out/results"
 summary=()
@@ -62,14 +62,16 @@ run() {
 
 for step in "${steps[@]}"; do
   case "$step" in
-    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*:*WarpSpecialized*' ;;
+    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*' ;;
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
-    ws)
-      run ws "$tests" --gtest_filter='GpuTma.*:*WarpSpecialized*:GpuRelationBench.*'
+    memcheck)
+      # Cases 4 and 13: widths 64 and 48 (one-pass dQ); case 5: width 80 (two passes).
       if command -v compute-sanitizer > /dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
         cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        run ws-memcheck "$cs" --tool memcheck "$tests" \
-          --gtest_filter='Shapes/GpuRelation.WarpSpecialized*/4:Shapes/GpuRelation.WarpSpecialized*/13'
+        run memcheck "$cs" --tool memcheck "$tests" \
+          --gtest_filter='Shapes/GpuRelation.OnePassDq*/4:Shapes/GpuRelation.OnePassDq*/13:Shapes/GpuRelation.Forward*/5'
+      else
+        summary+=("memcheck: skipped (no compute-sanitizer)")
       fi
       ;;
     relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
@@ -78,7 +80,7 @@ for step in "${steps[@]}"; do
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096
       ;;
-    *) echo "unknown step '$step' (tests, algtests, ws, relation, algproj, model)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, algproj, model, algtests)"; exit 2 ;;
   esac
 done
 

@@ -112,7 +112,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const detail::AttentionDims& dd = pr.dims;
   const int64_t rows = dd.B * dd.Hq * dd.T, delta_floats = (rows + 3) / 4 * 4;  // 16-byte aligned sums
   const int64_t sums =
-      flash_dq_atomics() && detail::flash_dq_one_pass_width(dd.Dh) ? detail::flash_dq_sum_floats(dd) : 0;
+      flash_dq_atomics() && detail::flash_dq_one_pass(dd.Dh) ? detail::flash_dq_sum_floats(dd) : 0;
   args.delta = static_cast<float*>(context().flash_scratch(sizeof(float) * (delta_floats + sums)));
   args.dq_accum = sums > 0 ? args.delta + delta_floats : nullptr;
   dispatch_padded_width(pr.dims.Dh, args, stream,

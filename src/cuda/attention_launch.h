@@ -72,11 +72,13 @@ inline int64_t flash_dq_sum_floats(const AttentionDims& d) {
 }
 // The backward runs on wgmma up to this padded head width: beyond it the dK and dV accumulators
 // (a warp's 16 x padded width each) and the score tiles no longer fit the registers, and
-// mma.sync kernels take over (flash_mixer.cuh). Only the wgmma dK/dV kernel has the one-pass dQ,
-// so only these widths need its sums.
+// mma.sync kernels take over (flash_mixer.cuh).
 inline constexpr int kWgmmaBackwardWidth = 96;
-inline bool flash_dq_one_pass_width(int64_t Dh) {
-  return (Dh + kAttentionPadStep - 1) / kAttentionPadStep * kAttentionPadStep <= kWgmmaBackwardWidth;
+// The head widths of the one-pass dQ (flash_dq_atomics), which runs in the warp-specialized
+// dK/dV pass: on wgmma, and multiples of 8, as its TMA loads need 16-byte row strides. Other
+// widths keep the two passes, so only these need the sums.
+inline bool flash_dq_one_pass(int64_t Dh) {
+  return Dh % 8 == 0 && (Dh + kAttentionPadStep - 1) / kAttentionPadStep * kAttentionPadStep <= kWgmmaBackwardWidth;
 }
 
 template <int kPadded>

@@ -55,17 +55,10 @@ std::atomic<bool>& flash_dq_atomics_flag() {
   static std::atomic<bool> on{env_is("QUIVER_FLASH_DQ", "atomic")};
   return on;
 }
-std::atomic<bool>& flash_dkdv_ws_flag() {
-  static std::atomic<bool> on{env_is("QUIVER_FLASH_DKDV", "ws")};
-  return on;
-}
 }  // namespace
 
 bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
 void set_flash_dq_atomics(bool on) { flash_dq_atomics_flag().store(on); }
-
-bool flash_dkdv_ws() { return flash_dkdv_ws_flag().load(); }
-void set_flash_dkdv_ws(bool on) { flash_dkdv_ws_flag().store(on); }
 
 Context& context() {
   static std::mutex mutex;

@@ -52,17 +52,10 @@ Context& context();
 // per query tile recomputes the scores and owns each dq row, so results are bitwise
 // reproducible. On: the dK/dV pass also adds each tile's dS·K into fp32 sums (bulk reductions
 // at L2) and a row pass rounds them: the score rule runs once instead of twice, but the order of
-// the additions, so dq's last bits, vary from run to run. Head widths above 96
-// keep the two passes. Starts from QUIVER_FLASH_DQ=atomic (anything else: off).
+// the additions, so dq's last bits, vary from run to run. Head widths that are not a multiple
+// of 8 or are above 96 keep the two passes (attention_launch.h, flash_dq_one_pass). Starts from QUIVER_FLASH_DQ=atomic (anything else: off).
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
-
-// The flash backward's dK/dV pass warp-specialized (flash_mixer.cuh, dkdv_ws_kernel: a
-// producer warp's TMA loads feed two consumer warpgroups of 64 key rows each), with either dQ,
-// where the head width is a multiple of 8 and at most 96; otherwise the kernel of one
-// warpgroup. Experimental. Starts from QUIVER_FLASH_DKDV=ws (anything else: off).
-bool flash_dkdv_ws();
-void set_flash_dkdv_ws(bool on);
 
 }  // namespace quiver::cuda
 

@@ -763,8 +763,6 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
 // blocks; none spilled). H200, FlashRelation backward: 1.462 → 1.213 ms at (64, 1024, 8, 48),
 // 2.730 → 2.319 ms at (32, 2048, 8, 64). At width 80 the same bounds spill 280-440 bytes and
 // were slower (2.90 → 3.88 ms), so other widths keep the compiler's choice (0: no minimum).
-// The one-pass dK/dV (kAtomicDq) takes the same bound (its 74 KiB of shared memory fit 3
-// blocks; 16 / 52 bytes spilled at 48 / 64): backward 1.308 → 1.174 and 2.408 → 2.276 ms.
 template <int kPadded>
 inline constexpr int kDkdvMinBlocks = kPadded == 48 || kPadded == 64 ? 3 : 0;
 template <int kPadded>
@@ -875,17 +873,11 @@ __device__ __forceinline__ void one_pass_products(const float (&st)[kTile / 8][4
   fence_proxy_async_shared();  // the share is read by a bulk reduction next
 }
 
-// dK, dV and (kAtomicDq) the one-pass dQ on wgmma (head widths up to kWgmmaBackwardWidth):
+// dK and dV on wgmma (head widths up to kWgmmaBackwardWidth), one warpgroup over 64 keys:
 // dkdv_kernel's grid, loop and rule step with 64-row query tiles, every product a warpgroup
 // product over swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory
 // (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major.
-// kAtomicDq: each iteration also forms its query tile's dQ share dS K over this key tile (dS^T
-// staged in a swizzled tile, A MN-major, and K MN-major; dK's product reads dS^T from the same
-// tile, K-major, instead of from registers, so dS^T's fragments are not held beside dQ's
-// accumulators), writes it into a shared fp32 tile laid
-// out as the sums a.dq_accum are, and one thread adds the whole tile into them by one bulk
-// reduction, which runs while the next iteration computes (dq_finish_kernel rounds the sums).
-template <int kPadded, class Rule, bool kAtomicDq, int kMinBlocks = 0>
+template <int kPadded, class Rule, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
   static_assert(kPadded <= 96, "the wgmma backward takes head widths up to 96");
   constexpr int kDTiles = kPadded / 8;
@@ -898,11 +890,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
   uint16_t* vs = ks + kT;                                // value tile; dv staging
   uint16_t* qs = vs + kT;                                // 2 stages of query tiles
   uint16_t* dys = qs + 2 * kT;                           // 2 stages of dy tiles
-  // kAtomicDq: dS^T [64 keys, 64 queries] in one panel and the dQ share (dq_sum_col).
-  uint16_t* dss = dys + 2 * kT;
-  float* dqs = reinterpret_cast<float*>(dss + (kAtomicDq ? kSwizzledTile<64> : 0));
-  float* norm_s = dqs + (kAtomicDq ? kTile * kPadded : 0);         // 2 stages of [64], base 2
-  float* delta_s = norm_s + 2 * kTile;                             // 2 stages of [64]
+  float* norm_s = reinterpret_cast<float*>(dys + 2 * kT);  // 2 stages of [64], base 2
+  float* delta_s = norm_s + 2 * kTile;                     // 2 stages of [64]
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -959,27 +948,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     const int64_t p0 = loop.tile(it);
     key_tile_grads(rule, st, dpt, norm_t, delta_t, p0, j0, key, T);
 
-    if constexpr (kAtomicDq)
-      one_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, ks, qst, dyst, dss, dqs, warp, threadIdx.x == 0,
-                                 [] { __syncthreads(); });
-    else
-      two_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, qst, dyst);
+    two_pass_products<kPadded>(st, dpt, dk_flat, dv_flat, qst, dyst);
     if (threadIdx.x < kTile) {
       norm_s[(stage ^ 1) * kTile + threadIdx.x] = norm_next;
       delta_s[(stage ^ 1) * kTile + threadIdx.x] = delta_next;
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
-    if (kAtomicDq && threadIdx.x == 0)
-      bulk_reduce_add_f32(a.dq_accum + ((b * d.Hq + loop.head(it)) * flash_dq_sum_rows(T) + p0) * kPadded, dqs,
-                          sizeof(float) * kTile * kPadded);
   }
-  if (kAtomicDq && threadIdx.x == 0) bulk_wait();  // dqs stays allocated until the sums are complete
 
   finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key, warp);
 }
 
-// ---- The warp-specialized one-pass dK/dV (flash_dkdv_ws) ---------------------------------------
-// FlashAttention-3's backward layout for the one-pass dQ: a block of three warpgroups over 128
+// ---- The warp-specialized dK/dV ----------------------------------------------------------------
+// FlashAttention-3's backward layout (kOnePass: with the one-pass dQ): a block of three warpgroups over 128
 // key rows. Warpgroups 0 and 1 are consumers, each owning 64 key rows (its K and V tiles loaded
 // once); warpgroup 2 is the producer, whose first warp walks the block's query tiles (those at
 // or after the block's first key, of every query head of the KV head) and, per tile, fills one
@@ -1382,12 +1363,10 @@ template <int kPadded>
 constexpr size_t forward_smem() {
   return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 1024;
 }
-// Six swizzled tiles, with kAtomicDq the dS^T tile and the fp32 share, the row terms and the
-// alignment slack; the wgmma dQ pass: six swizzled tiles and the slack.
-template <int kPadded, bool kAtomicDq>
+// Six swizzled tiles, the row terms and the alignment slack; the wgmma dQ pass: six swizzled tiles and the slack.
+template <int kPadded>
 constexpr size_t dkdv_wgmma_smem() {
-  return sizeof(uint16_t) * (6 * kSwizzledTile<kPadded> + (kAtomicDq ? kSwizzledTile<64> : 0)) +
-         (kAtomicDq ? sizeof(float) * kTile * kPadded : 0) + sizeof(float) * 4 * kTile + 1024;
+  return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + sizeof(float) * 4 * kTile + 1024;
 }
 template <int kPadded>
 constexpr size_t dq_wgmma_smem() {
@@ -1425,73 +1404,75 @@ void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) 
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
-// The backward's tile passes on `stream`: dK/dV (grid (key tiles, Hkv, B)), then dQ (grid (query
-// tiles, Hq, B)); on wgmma up to kWgmmaBackwardWidth, on mma.sync above. io.delta holds D before
-// they run (computed by the caller's row pass). With io.dq_accum (wgmma widths only) one pass:
-// dK/dV with the dQ shares, then their rounding.
+// The two passes' dK/dV is warp-specialized from this padded width on, where TMA can load the
+// heads (Dh a multiple of 8). H200, 2026-12-01, backward at the Relation paper's scales: at
+// width 80 it is faster than the one-warpgroup pass (FlashRelation 2.735 → 2.493 ms at (8,
+// 4096, 8, 80), attention 2.305 → 2.085), at 48 and 64 slower (FlashRelation 1.212 → 1.303 and
+// 2.308 → 2.332 ms), where the one-warpgroup pass keeps 3 blocks of 64 keys on an SM against
+// the warp-specialized pass's one block of 128.
+inline constexpr int kWsTwoPassWidth = 80;
+
+// The backward's tile passes on `stream`: dK/dV, then dQ (grid (query tiles, Hq, B)); on wgmma
+// up to kWgmmaBackwardWidth, on mma.sync above. io.delta holds D before they run (computed by
+// the caller's row pass). dK/dV by dkdv_ws_kernel (blocks of 128 keys) where
+// flash_dq_one_pass(Dh) holds from kWsTwoPassWidth on, else by one warpgroup per 64-key tile
+// (grid (key tiles, Hkv, B)). With io.dq_accum where flash_dq_one_pass(Dh) holds, one pass: the
+// warp-specialized dK/dV with the dQ shares, then their rounding.
 template <int kPadded, class Rule>
 void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 key_grid(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B));
   const dim3 query_grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
-  // The warp-specialized dK/dV pass (flash_dkdv_ws) over 128-key blocks; TMA needs 16-byte row
-  // strides, so head widths that are not a multiple of 8 keep the one-warpgroup passes.
-  auto dkdv_ws = [&](auto one_pass) {
-    constexpr bool kOnePass = decltype(one_pass)::value;
-    if constexpr (kPadded <= kWgmmaBackwardWidth) {
-    constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
-    WsMaps maps;
-    maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-    maps.dy = tma_map_heads_bf16(io.dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-    maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
-    maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
-    auto dkdv = dkdv_ws_kernel<kPadded, Rule, kOnePass>;
-    constexpr size_t bytes = WsLayout<kPadded, kOnePass>::kSmem;
-    allow_smem(dkdv, bytes);
-    const dim3 grid(static_cast<unsigned>((d.T + kWsKeys - 1) / kWsKeys), static_cast<unsigned>(d.Hkv),
-                    static_cast<unsigned>(d.B));
-    dkdv<<<grid, kWsThreads, bytes, stream>>>(io, rule, maps);
-    QV_CUDA_CHECK(cudaGetLastError());
-    }
-  };
-  const bool ws = kPadded <= kWgmmaBackwardWidth && flash_dkdv_ws() && d.Dh % 8 == 0;
   if constexpr (kPadded <= kWgmmaBackwardWidth) {
-    if (io.dq_accum != nullptr) {  // one pass: dK/dV adds dQ's shares (flash_dq_atomics)
+    auto dkdv_ws = [&](auto one_pass) {
+      constexpr bool kOnePass = decltype(one_pass)::value;
+      constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
+      WsMaps maps;
+      maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+      maps.dy = tma_map_heads_bf16(io.dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+      maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+      maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+      auto dkdv = dkdv_ws_kernel<kPadded, Rule, kOnePass>;
+      constexpr size_t bytes = WsLayout<kPadded, kOnePass>::kSmem;
+      allow_smem(dkdv, bytes);
+      const dim3 grid(static_cast<unsigned>((d.T + kWsKeys - 1) / kWsKeys), static_cast<unsigned>(d.Hkv),
+                      static_cast<unsigned>(d.B));
+      dkdv<<<grid, kWsThreads, bytes, stream>>>(io, rule, maps);
+      QV_CUDA_CHECK(cudaGetLastError());
+    };
+    if (io.dq_accum != nullptr && flash_dq_one_pass(d.Dh)) {  // one pass: dK/dV adds dQ's shares
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
-      if (ws) {
-        dkdv_ws(std::true_type{});
-      } else {
-        auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, true, kDkdvMinBlocks<kPadded>>;
-        constexpr size_t bytes = dkdv_wgmma_smem<kPadded, true>();
-        allow_smem(dkdv, bytes);
-        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
-        QV_CUDA_CHECK(cudaGetLastError());
-      }
+      dkdv_ws(std::true_type{});
       dq_finish_kernel<kPadded, Rule><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
       return;
     }
-  }
-  // The two passes: dK/dV over key tiles, then dQ over query tiles.
-  auto two_passes = [&](auto dkdv, size_t dkdv_bytes, auto dq, size_t dq_bytes) {
-    allow_smem(dq, dq_bytes);
-    if (ws) {
+    if (kPadded >= kWsTwoPassWidth && flash_dq_one_pass(d.Dh)) {
       dkdv_ws(std::false_type{});
     } else {
-      allow_smem(dkdv, dkdv_bytes);
-      dkdv<<<key_grid, kThreads, dkdv_bytes, stream>>>(io, rule);
+      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>>;
+      constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
+      allow_smem(dkdv, bytes);
+      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
     }
+    auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>>;
+    constexpr size_t dq_bytes = dq_wgmma_smem<kPadded>();
+    allow_smem(dq, dq_bytes);
     dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
     QV_CUDA_CHECK(cudaGetLastError());
-  };
-  if constexpr (kPadded <= kWgmmaBackwardWidth)
-    two_passes(dkdv_wgmma_kernel<kPadded, Rule, false, kDkdvMinBlocks<kPadded>>, dkdv_wgmma_smem<kPadded, false>(),
-               dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>>, dq_wgmma_smem<kPadded>());
-  else
-    two_passes(dkdv_kernel<kPadded, Rule>, dkdv_smem<kPadded>(), dq_kernel<kPadded, Rule>, dq_smem<kPadded>());
+  } else {
+    auto dkdv = dkdv_kernel<kPadded, Rule>;
+    auto dq = dq_kernel<kPadded, Rule>;
+    allow_smem(dkdv, dkdv_smem<kPadded>());
+    allow_smem(dq, dq_smem<kPadded>());
+    dkdv<<<key_grid, kThreads, dkdv_smem<kPadded>(), stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+    dq<<<query_grid, kThreads, dq_smem<kPadded>(), stream>>>(io, rule);
+    QV_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace quiver::cuda::detail::flash

@@ -119,7 +119,7 @@ void flash_relation_backward(const Tensor& p1, const Tensor& p2, const Tensor& v
                                           bf16_out(dv),
                                           dlambda_accumulate,
                                           workspace.raw(),
-                                          flash_dq_atomics() && detail::flash_dq_one_pass_width(d.Dh)
+                                          flash_dq_atomics() && detail::flash_dq_one_pass(d.Dh)
                                               ? static_cast<float*>(context().flash_scratch(
                                                     sizeof(float) * detail::flash_dq_sum_floats(
                                                                         {d.B, d.T, d.H, d.H, d.Dh})))

@@ -43,34 +43,19 @@ Tensor head0_f64(const Tensor& dev) {
   return host.to(DType::F64);
 }
 
-enum class Dq { TwoPass, TwoPassWs, OnePass, OnePassWs };
-constexpr Dq kDqModes[] = {Dq::TwoPass, Dq::TwoPassWs, Dq::OnePass, Dq::OnePassWs};
-const char* dq_name(Dq dq) {
-  switch (dq) {
-    case Dq::TwoPass: return "two-pass";
-    case Dq::TwoPassWs: return "two-pass-ws";
-    case Dq::OnePass: return "one-pass";
-    case Dq::OnePassWs: return "one-pass-ws";
-  }
-  return "?";
-}
+enum class Dq { TwoPass, OnePass };
+const char* dq_name(Dq dq) { return dq == Dq::TwoPass ? "two-pass" : "one-pass"; }
 
 // The dQ mode for the scope's lifetime; the previous one after.
 class DqMode {
  public:
-  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()), ws_(flash_dkdv_ws()) {
-    set_flash_dq_atomics(dq == Dq::OnePass || dq == Dq::OnePassWs);
-    set_flash_dkdv_ws(dq == Dq::TwoPassWs || dq == Dq::OnePassWs);
-  }
-  ~DqMode() {
-    set_flash_dq_atomics(one_pass_);
-    set_flash_dkdv_ws(ws_);
-  }
+  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()) { set_flash_dq_atomics(dq == Dq::OnePass); }
+  ~DqMode() { set_flash_dq_atomics(one_pass_); }
   DqMode(const DqMode&) = delete;
   DqMode& operator=(const DqMode&) = delete;
 
  private:
-  bool one_pass_, ws_;
+  bool one_pass_;
 };
 
 struct Variant {
@@ -180,12 +165,12 @@ std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& op
   std::vector<Dq> modes;
   for (const std::string& name : options.dq) {
     bool known = false;
-    for (Dq dq : kDqModes)
+    for (Dq dq : {Dq::TwoPass, Dq::OnePass})
       if (name == dq_name(dq)) {
         modes.push_back(dq);
         known = true;
       }
-    QV_CHECK(known, "bench relation: no dQ mode '{}' (two-pass, two-pass-ws, one-pass, one-pass-ws)", name);
+    QV_CHECK(known, "bench relation: no dQ mode '{}' (two-pass, one-pass)", name);
   }
   QV_CHECK(!modes.empty(), "bench relation: no dQ mode to time");
   std::vector<RelationBenchRow> rows;

@@ -1,7 +1,6 @@
 // The op-level Relation benchmark on the GPU (issue scales of the Relation paper): FlashRelation
 // forward + backward against quiver's own flash attention at the same shapes, each with the
-// deterministic two-pass dQ (the default) and the one-pass dQ (flash_dq_atomics, context.h),
-// each with the one-warpgroup and the warp-specialized dK/dV pass (flash_dkdv_ws).
+// deterministic two-pass dQ (the default) and the one-pass dQ (flash_dq_atomics, context.h).
 // The PyTorch peers (SDPA with the FlashAttention backend, the materialized Relation) come from
 // bench/peer_attention.py, which `quiver bench relation --device cuda` runs beside this.
 //
@@ -33,7 +32,7 @@ inline std::vector<RelationBenchShape> relation_bench_paper_shapes() {
 }
 
 // The dQ modes a run times, by RelationBenchRow::dq's names.
-inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "two-pass-ws", "one-pass", "one-pass-ws"}; }
+inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass"}; }
 
 struct RelationBenchOptions {
   std::vector<RelationBenchShape> shapes = relation_bench_paper_shapes();
@@ -47,8 +46,7 @@ struct RelationBenchRow {
   std::string scale;
   int64_t B = 0, T = 0, H = 0, Dh = 0;
   std::string mixer;  // "flash_relation" or "attention"
-  std::string dq;     // "two-pass" (deterministic, the default), "two-pass-ws", "one-pass" or
-                      // "one-pass-ws"
+  std::string dq;     // "two-pass" (deterministic, the default) or "one-pass"
   double forward_ms = 0, backward_ms = 0, total_ms = 0;
   double tok_s = 0;        // B·T / total
   double rel_error = -1;   // the largest ‖got − ref‖ / ‖ref‖ of the checked head; -1 unchecked

@@ -30,15 +30,6 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
-// The flash backward's warp-specialized dK/dV pass (cuda::flash_dkdv_ws) for the scope's
-// lifetime.
-struct WarpSpecialized {
-  WarpSpecialized() { cuda::set_flash_dkdv_ws(true); }
-  ~WarpSpecialized() { cuda::set_flash_dkdv_ws(false); }
-  WarpSpecialized(const WarpSpecialized&) = delete;
-  WarpSpecialized& operator=(const WarpSpecialized&) = delete;
-};
-
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {
   Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);

@@ -274,27 +274,11 @@ TEST_P(GpuRelation, ForwardAndBackwardMatchTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The one-pass dQ (cuda::flash_dq_atomics: dQ's shares added with atomics in the dK/dV pass)
-// within the same bounds; head widths above 96 keep the two passes either way.
+// The one-pass dQ (cuda::flash_dq_atomics: the warp-specialized dK/dV pass adds dQ's shares by
+// bulk reductions) within the same bounds; head widths that are not a multiple of 8 or are
+// above 96 keep the two passes.
 TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::OnePassDq one_pass;
-  check_forward_backward(GetParam());
-}
-
-// The two-pass backward with the warp-specialized dK/dV pass (cuda::flash_dkdv_ws: 128 keys a
-// block, TMA loads); head widths that are not a multiple of 8 or above 96 keep the
-// one-warpgroup pass.
-TEST_P(GpuRelation, WarpSpecializedTwoPassMatchesTheCpuReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::WarpSpecialized ws;
-  check_forward_backward(GetParam());
-}
-
-// The same with the one-pass dQ.
-TEST_P(GpuRelation, WarpSpecializedOnePassDqMatchesTheCpuReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::WarpSpecialized ws;
   const gpu_testing::OnePassDq one_pass;
   check_forward_backward(GetParam());
 }
@@ -303,9 +287,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
 
 // The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
 // Also covers 3-d inputs ([T, H, Dh], stats [H, T, 3]) and a null dλ.
-void check_reproducible() {
+void check_reproducible(int64_t Dh) {
   Rng rng(91);
-  const int64_t T = 150, H = 4, Dh = 64;
+  const int64_t T = 150, H = 4;
   const Shape shape{T, H, Dh};
   const Tensor p1 = to_device(random_bf16(shape, rng, -2.0, 2.0));
   const Tensor p2 = to_device(random_bf16(shape, rng, -2.0, 2.0));
@@ -344,14 +328,8 @@ void check_reproducible() {
 
 TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  check_reproducible();
-}
-
-// The same with the warp-specialized dK/dV pass (one owner per key row, no atomics).
-TEST(GpuRelationDeterminism, WarpSpecializedBackwardIsBitwiseReproducible) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::WarpSpecialized ws;
-  check_reproducible();
+  check_reproducible(64);  // dK/dV by one warpgroup per 64 keys
+  check_reproducible(80);  // dK/dV warp-specialized
 }
 
 struct DecodeCase {
@@ -469,13 +447,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelationDecode, ::testing::ValuesIn(kDecodeC
 // (T not a multiple of the tile): every variant timed and passing its own float64 check.
 TEST(GpuRelationBench, EveryVariantTimedAndChecked) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const bool dq_mode = cuda::flash_dq_atomics(), ws_mode = cuda::flash_dkdv_ws();
+  const bool dq_mode = cuda::flash_dq_atomics();
   cuda::RelationBenchOptions options;
   options.shapes = {{"small", 2, 200, 2, 48}};
   options.runs = 3;
   options.repeat = 1;
   const std::vector<cuda::RelationBenchRow> rows = cuda::bench_relation_cuda(options);
-  ASSERT_EQ(rows.size(), 8u);  // {FlashRelation, attention} x the four dQ modes
+  ASSERT_EQ(rows.size(), 4u);  // {FlashRelation, attention} x {two-pass, one-pass}
   for (const cuda::RelationBenchRow& r : rows) {
     SCOPED_TRACE(r.mixer + " " + r.dq);
     EXPECT_TRUE(r.correct) << "rel. error " << r.rel_error;
@@ -485,7 +463,6 @@ TEST(GpuRelationBench, EveryVariantTimedAndChecked) {
     EXPECT_DOUBLE_EQ(r.total_ms, r.forward_ms + r.backward_ms);
   }
   EXPECT_EQ(cuda::flash_dq_atomics(), dq_mode);  // the bench restores the dQ mode
-  EXPECT_EQ(cuda::flash_dkdv_ws(), ws_mode);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ struct RelationBenchArgs {
   // cuda: B:T:H:Dh,... (empty: the paper's 10M, 30M and 100M scales), trials, and the peer
   // script ("" or "none": no peer).
   std::string shapes;
-  std::string dq = "two-pass,two-pass-ws,one-pass,one-pass-ws";
+  std::string dq = "two-pass,one-pass";
   int runs = 11;
   std::string peer = "bench/peer_attention.py";
   int peer_trials = 20;
@@ -155,7 +155,7 @@ void run_cuda(const RelationBenchArgs& a) {
   for (std::string m; std::getline(modes, m, ',');) {
     const auto known = cuda::relation_bench_dq_modes();
     QV_CHECK(std::find(known.begin(), known.end(), m) != known.end(),
-             "--dq: no mode '{}' (two-pass, two-pass-ws, one-pass, one-pass-ws)", m);
+             "--dq: no mode '{}' (two-pass, one-pass)", m);
     options.dq.push_back(m);
   }
   QV_CHECK(!options.dq.empty(), "--dq: no mode in '{}'", a.dq);
