@@ -21,15 +21,16 @@ static_assert(kAttentionTile == flash::kTile, "the mixer's tile is the launchers
 // ---- Score rule -----------------------------------------------------------------------------
 // The score rule of softmax attention: logit = scale · (q·k), keys visible causally (j <= p),
 // no Self entry; the statistic is lse_p = ln Σ_j exp(logit) (natural units). log2(e) is folded
-// into the scale, so the exponentials are base 2.
+// into the scale, so the exponentials are base 2; the forward's score is the dot itself
+// (score_log2 = scale · log2(e)).
 struct CausalSoftmaxRule {
   static constexpr bool kSelf = false;
   float scale;       // 1 / sqrt(Dh): d logit / d dot in natural units
-  float scale_log2;  // scale · log2(e)
+  float score_log2;  // scale · log2(e)
   float* lse_out;       // forward: [B, Hq, T] assigned
   const float* lse_in;  // backward: the forward's lse
   __device__ __forceinline__ bool visible(int64_t p, int64_t j) const { return j <= p; }
-  __device__ __forceinline__ float logit(float dot) const { return dot * scale_log2; }
+  __device__ __forceinline__ float score(float dot) const { return dot; }
   __device__ __forceinline__ flash::RowWeights finish_row(int64_t r, int64_t, float m2, float l,
                                                           float, bool writer) const {
     if (writer) lse_out[r] = l > 0.0f ? (m2 + log2f(l)) * flash::kLn2 : -INFINITY;
@@ -39,7 +40,7 @@ struct CausalSoftmaxRule {
   // P = exp(logit − lse), dS = P (dP − D).
   __device__ __forceinline__ flash::ScoreGrad grad(float dot, float norm2, float dprob,
                                                    float delta) const {
-    const float prob = flash::exp2_approx(logit(dot) - norm2);
+    const float prob = flash::exp2_approx(fmaf(dot, score_log2, -norm2));
     return {prob, prob * (dprob - delta)};
   }
 };
@@ -250,7 +251,7 @@ void launch_attention_backward(const AttentionBackwardArgs& args, cudaStream_t s
 
 void launch_attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream) {
   if (args.B == 0 || args.Hq == 0) return;
-  const float scale_log2 = softmax_rule(args.Dh).scale_log2;
+  const float scale_log2 = softmax_rule(args.Dh).score_log2;
   const dim3 grid(static_cast<unsigned>(args.Hq), static_cast<unsigned>(args.B));
   const int64_t pieces = (args.Dh + 7) / 8;  // 8 head-width lanes per team lane
   if (pieces <= 1) {

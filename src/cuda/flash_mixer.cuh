@@ -399,9 +399,12 @@ inline constexpr int kDkdvQueryTile = 32;  // query rows per tile of dkdv_kernel
 
 // ---- Forward ----------------------------------------------------------------------------------
 // The forward's online softmax over one key tile for a warp's 16 rows row[0], row[1] (8 apart,
-// the accumulator halves): the scores s (dots in; weights 2^(logit − m) out, for P V), the
-// running base-2 maxima m and sums l, and o rescaled to the new maxima. `diagonal`: the tile
-// reaches the rows' diagonal, so keys past T or outside the rule's mask get weight 0.
+// the accumulator halves): the scores s (dots in; weights 2^(c (z − m)) out, for P V, with z =
+// rule.score(dot) and c = rule.score_log2 > 0 its base-2 logits per unit), the running base-2
+// maxima m (of c z) and sums l, and o rescaled to the new maxima. A tile's maxima are taken in
+// the rule's units and c is applied in the exponential's FMA, which saves a multiply per
+// score. `diagonal`: the
+// tile reaches the rows' diagonal, so keys past T or outside the rule's mask get weight 0.
 template <int kPadded, class Rule>
 __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)[kTile / 8][4], float (&m)[2],
                                                     float (&l)[2], float (&o)[kPadded / 8][4], bool diagonal,
@@ -415,7 +418,7 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int half = e / 2;
-      float x = rule.logit(s[nt][e]);
+      float x = rule.score(s[nt][e]);
       if (diagonal) {
         const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
         if (!(j < T && rule.visible(row[half], j))) x = -INFINITY;
@@ -423,14 +426,15 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
       s[nt][e] = x;
       tile_max[half] = fmaxf(tile_max[half], x);
     }
-  float base[2];
+  const float c = rule.score_log2;
+  float base[2];  // minus the new maxima
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float m_new = fmaxf(m[half], quad_max(tile_max[half]));
+    const float m_new = fmaxf(m[half], c * quad_max(tile_max[half]));
     // m_new = -inf: the row has seen no visible key yet (possible for rules with a strict
-    // mask); exp2(-inf - 0) = 0 keeps the state at zero without NaN.
-    base[half] = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = exp2_approx(m[half] - base[half]);
+    // mask); exp2(-inf + 0) = 0 keeps the state at zero without NaN.
+    base[half] = m_new == -INFINITY ? 0.0f : -m_new;
+    const float alpha = exp2_approx(m[half] + base[half]);
     m[half] = m_new;
     l[half] *= alpha;
 #pragma unroll
@@ -443,7 +447,7 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
   for (int nt = 0; nt < kKeyTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float pr = exp2_approx(s[nt][e] - base[e / 2]);
+      const float pr = exp2_approx(fmaf(s[nt][e], c, base[e / 2]));
       s[nt][e] = pr;
       l[e / 2] += pr;
     }

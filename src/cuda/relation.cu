@@ -66,8 +66,7 @@ struct RelationScoreRule {
   static constexpr bool kSelf = true;
   float scale;            // 1 / sqrt(Dh): dU / d dot
   float half_scale;       // scale / 2: the tanh argument U/2
-  float half_scale_log2;  // scale · log2(e) / 2
-  float quarter_scale;    // scale / 4
+  float score_log2;       // log2(e): the forward's score is E in natural units
   float inv_tau;          // 1 / τ_S
   bool exchange_only;
   const float* lambda;     // one F32 (device)
@@ -76,10 +75,10 @@ struct RelationScoreRule {
   BackwardWorkspace work;  // backward: the row pass's norm_p and dR_pp
 
   __device__ __forceinline__ bool visible(int64_t p, int64_t j) const { return j < p; }
-  // E · log2(e) = U σ(U) log2(e) = x (1 + tanh(U/2)) with x = U log2(e) / 2.
-  __device__ __forceinline__ float logit(float dot) const {
-    const float x = dot * half_scale_log2;
-    return fmaf(x, flash::tanh_approx(dot * half_scale), x);
+  // E = U σ(U) = y (1 + tanh(y)) with y = U / 2.
+  __device__ __forceinline__ float score(float dot) const {
+    const float y = dot * half_scale;
+    return fmaf(y, flash::tanh_approx(y), y);
   }
   __device__ __forceinline__ flash::RowWeights finish_row(int64_t r, int64_t p, float m2, float l,
                                                           float self_dot, bool writer) const {
@@ -101,15 +100,14 @@ struct RelationScoreRule {
   __device__ __forceinline__ float row_norm2(int64_t r) const {
     return work.norm[r] * flash::kLog2e;
   }
-  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), with t = tanh(U/2):
-  // SiLU'(U) = σ(U) (1 + U (1 − σ(U))) = (1 + t) / 2 + (U / 4) (1 − t²).
+  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), with y = U/2 and t = tanh(y):
+  // SiLU'(U) = σ(U) (1 + U (1 − σ(U))) = (1 + t) / 2 + (y / 2) (1 − t²).
   __device__ __forceinline__ flash::ScoreGrad grad(float dot, float norm2, float dprob,
                                                    float delta) const {
-    const float th = flash::tanh_approx(dot * half_scale);
-    const float x = dot * half_scale_log2;
-    const float prob = flash::exp2_approx(fmaf(x, th, x - norm2));
-    const float silu_grad =
-        fmaf(dot * quarter_scale, fmaf(-th, th, 1.0f), fmaf(0.5f, th, 0.5f));
+    const float y = dot * half_scale;
+    const float th = flash::tanh_approx(y);
+    const float prob = flash::exp2_approx(fmaf(fmaf(y, th, y), flash::kLog2e, -norm2));
+    const float silu_grad = fmaf(0.5f * y, fmaf(-th, th, 1.0f), fmaf(0.5f, th, 0.5f));
     return {prob, (dprob - delta) * prob * silu_grad};
   }
   // dU_pp = dR_pp S_p (1 − S_p) / τ_S.
@@ -128,8 +126,7 @@ RelationScoreRule score_rule(const RelationRule& rule, const float* lambda) {
   RelationScoreRule s{};
   s.scale = rule.scale;
   s.half_scale = 0.5f * rule.scale;
-  s.half_scale_log2 = 0.5f * rule.scale * flash::kLog2e;
-  s.quarter_scale = 0.25f * rule.scale;
+  s.score_log2 = flash::kLog2e;
   s.inv_tau = rule.inv_tau;
   s.exchange_only = rule.exchange_only;
   s.lambda = lambda;
