@@ -460,13 +460,22 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
 template <int kPadded>
 inline constexpr int kForwardMinBlocks = kPadded == 64 ? 5 : 0;
 
+// The forward's TMA maps (kTma): rank-4 maps of the [B, T, H, Dh] heads, boxes of one panel ×
+// 64 rows (tma_map_heads_bf16).
+struct ForwardMaps {
+  CUtensorMap q, k, v;
+};
+
 // The forward on wgmma (sm_90a). Grid (query tiles, Hq, B); tiles run heaviest (last) first. The
 // block's 4 warps are one warpgroup: S = Q Kᵀ reads both operands from shared memory (K-major),
 // O += P V takes P from the registers the online softmax leaves it in and V from shared memory
 // (MN-major). The tiles are swizzled panels (kSwizzledTile) at 1024-byte aligned offsets, keys
-// and values double-buffered by cp.async.
-template <int kPadded, class Rule, int kMinBlocks = 0>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) forward_kernel(const ForwardIo a, const Rule rule) {
+// and values double-buffered: by cp.async from every thread, or (kTma; Dh a multiple of 8) by
+// TMA from thread 0, which arms a stage's barrier and loads the next key and value tiles into
+// the stage the block's last barrier freed, so the other threads issue no load instructions.
+template <int kPadded, class Rule, int kMinBlocks = 0, bool kTma = false>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    forward_kernel(const ForwardIo a, const Rule rule, const __grid_constant__ ForwardMaps maps) {
   constexpr int kChunks = kPadded / 16;  // k steps over the head width
   constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
   constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
@@ -477,6 +486,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) forward_kernel(const For
   uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // one tile; the output staging at the end
   uint16_t* ks = qs + kT;                               // 2 stages
   uint16_t* vs = ks + 2 * kT;                           // 2 stages
+  // kTma: the barriers of the two key / value stages and of the query tile, after the tiles.
+  uint64_t* full = reinterpret_cast<uint64_t*>(vs + 2 * kT);
+  uint64_t* q_full = full + 2;
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -484,6 +496,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) forward_kernel(const For
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  constexpr int kPanels = Panels::kBytes / Panels::kPanelBytes;
+  // kTma: thread 0 loads key and value tile kt into `stage` and arms its barrier.
+  auto tma_key_stage = [&](int kt, int stage) {
+    tma::arrive_expect(&full[stage], 2 * Panels::kBytes);
+    for (int pn = 0; pn < kPanels; ++pn) {
+      const int col = pn * Panels::kPanelCols, row = kt * kTile;
+      tma::load_4d(reinterpret_cast<unsigned char*>(ks + stage * kT) + pn * Panels::kPanelBytes, &maps.k,
+                   &full[stage], col, static_cast<int>(g), row, static_cast<int>(b));
+      tma::load_4d(reinterpret_cast<unsigned char*>(vs + stage * kT) + pn * Panels::kPanelBytes, &maps.v,
+                   &full[stage], col, static_cast<int>(g), row, static_cast<int>(b));
+    }
+  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
   const int wrow = warp * kWarpRows;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
@@ -492,11 +516,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) forward_kernel(const For
   const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
   const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
 
-  load_tile<kTile, kPadded, true>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
-  cp_async_commit();
-  load_tile<kTile, kPadded, true>(ks, kb, 0, T, kv_stride, Dh, vec);
-  load_tile<kTile, kPadded, true>(vs, vb, 0, T, kv_stride, Dh, vec);
-  cp_async_commit();
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      tma::init(&full[0], 1);
+      tma::init(&full[1], 1);
+      tma::init(q_full, 1);
+      tma::fence_init();
+      tma::arrive_expect(q_full, Panels::kBytes);
+      for (int pn = 0; pn < kPanels; ++pn)
+        tma::load_4d(reinterpret_cast<unsigned char*>(qs) + pn * Panels::kPanelBytes, &maps.q, q_full,
+                     pn * Panels::kPanelCols, static_cast<int>(h), static_cast<int>(p0), static_cast<int>(b));
+      tma_key_stage(0, 0);
+    }
+    __syncthreads();  // the barriers are initialized before anyone waits on them
+  } else {
+    load_tile<kTile, kPadded, true>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
+    cp_async_commit();
+    load_tile<kTile, kPadded, true>(ks, kb, 0, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded, true>(vs, vb, 0, T, kv_stride, Dh, vec);
+    cp_async_commit();
+  }
 
   float o[kDTiles][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -506,7 +545,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) forward_kernel(const For
   const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
-    next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    if constexpr (kTma) {
+      // The other stage held tile kt − 1, which every thread finished with before the last
+      // iteration's closing barrier.
+      if (threadIdx.x == 0 && kt + 1 < n_kt) tma_key_stage(kt + 1, stage ^ 1);
+      if (kt == 0) tma::wait(q_full, 0);
+      tma::wait(&full[stage], static_cast<uint32_t>((kt >> 1) & 1));
+    } else {
+      next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    }
     const uint16_t* kst = ks + stage * kT;
     const uint16_t* vst = vs + stage * kT;
 
@@ -1361,11 +1408,11 @@ __global__ void __launch_bounds__(256) dq_finish_kernel(const BackwardIo a, cons
 }
 
 // ---- Launch ---------------------------------------------------------------------------------
-// Dynamic shared memory of the kernels, in bytes. The forward: five swizzled tiles and the slack
-// to align them to 1024 bytes.
+// Dynamic shared memory of the kernels, in bytes. The forward: five swizzled tiles, the TMA
+// barriers and the slack to align them to 1024 bytes.
 template <int kPadded>
 constexpr size_t forward_smem() {
-  return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 1024;
+  return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 3 * sizeof(uint64_t) + 1024;
 }
 // Six swizzled tiles, the row terms and the alignment slack; the wgmma dQ pass: six swizzled tiles and the slack.
 template <int kPadded>
@@ -1395,16 +1442,28 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 inline unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
 
-// The forward on `stream`: grid (query tiles, Hq, B).
+// The forward on `stream`: grid (query tiles, Hq, B). Its tiles by TMA where flash_forward_tma()
+// is on and Dh is a multiple of 8 (16-byte row strides), else by cp.async.
 template <int kPadded, class Rule>
 void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
-  auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>>;
   constexpr size_t smem = forward_smem<kPadded>();
-  allow_smem(kernel, smem);
-  kernel<<<grid, kThreads, smem, stream>>>(io, rule);
+  ForwardMaps maps{};
+  if (flash_forward_tma() && d.Dh % 8 == 0) {
+    constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
+    maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+    maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+    maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+    auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>, true>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(io, rule, maps);
+  } else {
+    auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>>;
+    allow_smem(kernel, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(io, rule, maps);
+  }
   QV_CUDA_CHECK(cudaGetLastError());
 }
 

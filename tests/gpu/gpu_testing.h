@@ -30,6 +30,14 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
+// The flash forward's TMA loads (cuda::flash_forward_tma) for the scope's lifetime.
+struct TmaForward {
+  TmaForward() { cuda::set_flash_forward_tma(true); }
+  ~TmaForward() { cuda::set_flash_forward_tma(false); }
+  TmaForward(const TmaForward&) = delete;
+  TmaForward& operator=(const TmaForward&) = delete;
+};
+
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {
   Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);

@@ -126,6 +126,14 @@ TEST_P(GpuAttention, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
+// The forward with its tiles loaded by TMA (cuda::flash_forward_tma); head widths that are not
+// a multiple of 8 keep cp.async.
+TEST_P(GpuAttention, TmaForwardMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::TmaForward tma;
+  check_forward_backward(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention, ::testing::ValuesIn(kCases));
 
 // The backward sums dk/dv over query tiles and heads in a fixed order and computes dq without

@@ -283,6 +283,14 @@ TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
+// The forward with its tiles loaded by TMA (cuda::flash_forward_tma); head widths that are not
+// a multiple of 8 keep cp.async.
+TEST_P(GpuRelation, TmaForwardMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::TmaForward tma;
+  check_forward_backward(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
 
 // The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
