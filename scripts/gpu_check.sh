@@ -5,15 +5,16 @@
 # short summary printed last. Benchmark results are written to OUT_DIR/results (copy them to
 # bench/results to record them).
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [fwdtma] [algproj] [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [tmaloads] [algproj] [model] [algtests]
 #
 #   tests     the GPU test suite but the algebraic-projection tests
 #   memcheck  compute-sanitizer memcheck on flash backward tests that run the warp-specialized
 #             dK/dV pass (TMA, barriers), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
 #             with the PyTorch peer when python3 has a CUDA torch)
-#   fwdtma    the flash forward's TMA loads (QUIVER_FLASH_FWD=tma, experimental): memcheck on two
-#             of its tests, then bench relation with it on (results in OUT_DIR/results-fwdtma)
+#   tmaloads  the TMA loads of the flash forward and dQ pass (QUIVER_FLASH_LOADS=tma,
+#             experimental): memcheck on two of their tests, then bench relation with them on
+#             (results in OUT_DIR/results-tmaloads)
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
 #   model     quiver bench model --device cuda: the Relation and MHA presets' training tok/s
 #   algtests  the algebraic-projection GPU tests (a few minutes)
@@ -27,7 +28,7 @@ fi
 out="$1"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation fwdtma algproj model algtests)
+[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation tmaloads algproj model algtests)
 limit="${LIMIT:-540}"
 mkdir -p "$out/results"
 summary=()
@@ -77,19 +78,19 @@ for step in "${steps[@]}"; do
       fi
       ;;
     relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
-    fwdtma)
+    tmaloads)
       cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-      [ -x "$cs" ] && run fwdtma-memcheck "$cs" --tool memcheck "$tests" \
-        --gtest_filter='Shapes/GpuRelation.TmaForward*/4:Shapes/GpuAttention.TmaForward*/5'
-      mkdir -p "$out/results-fwdtma"
-      QUIVER_FLASH_FWD=tma run fwdtma "$Q" bench relation --device cuda --results-dir "$out/results-fwdtma"
+      [ -x "$cs" ] && run tmaloads-memcheck "$cs" --tool memcheck "$tests" \
+        --gtest_filter='Shapes/GpuRelation.TmaLoads*/4:Shapes/GpuAttention.TmaLoads*/5'
+      mkdir -p "$out/results-tmaloads"
+      QUIVER_FLASH_LOADS=tma run tmaloads "$Q" bench relation --device cuda --results-dir "$out/results-tmaloads"
       ;;
     algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
     model)
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, fwdtma, algproj, model, algtests)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, tmaloads, algproj, model, algtests)"; exit 2 ;;
   esac
 done
 

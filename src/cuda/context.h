@@ -57,11 +57,12 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
-// The flash forward's key, value and query tiles loaded by TMA from one thread instead of by
-// cp.async from all (flash_mixer.cuh, forward_kernel), where the head width is a multiple of
-// 8. Experimental, not yet run on a GPU. Starts from QUIVER_FLASH_FWD=tma (anything else: off).
-bool flash_forward_tma();
-void set_flash_forward_tma(bool on);
+// The tiles of the flash forward and of the two-pass backward's dQ pass loaded by TMA from one
+// thread instead of by cp.async from all (flash_mixer.cuh: forward_kernel, dq_wgmma_kernel),
+// where the head width is a multiple of 8. Experimental, not yet run on a GPU. Starts from
+// QUIVER_FLASH_LOADS=tma (anything else: off).
+bool flash_tma_loads();
+void set_flash_tma_loads(bool on);
 
 }  // namespace quiver::cuda
 

@@ -26,7 +26,8 @@
 //   scale                 d logit / d dot in natural units; dq and dk are scaled by it.
 //   visible(p, j)         a history mask (j <= p or j < p); asked only on tiles that reach the
 //                         diagonal, so every key of an earlier tile must be visible.
-//   logit(dot)            the forward's score in base-2 units (2^logit is the weight).
+//   score(dot), score_log2  the forward's score z in the rule's units and its base-2 logits
+//                         per unit (> 0): logit = score_log2 · z, and 2^logit is the weight.
 //   finish_row(r, p, m2, l, self_dot, writer) -> RowWeights: after the scan (m2 the base-2
 //                         running max, l the sum of exp2(logit − m2), self_dot = q_p · k_p when
 //                         kSelf), y_p = hist · o_p + self · v_p with o_p the unnormalized
@@ -460,10 +461,44 @@ __device__ __forceinline__ void online_softmax_tile(const Rule& rule, float (&s)
 template <int kPadded>
 inline constexpr int kForwardMinBlocks = kPadded == 64 ? 5 : 0;
 
-// The forward's TMA maps (kTma): rank-4 maps of the [B, T, H, Dh] heads, boxes of one panel ×
-// 64 rows (tma_map_heads_bf16).
-struct ForwardMaps {
-  CUtensorMap q, k, v;
+// The TMA maps of the flash kernels that load by TMA: rank-4 maps of the [B, T, H, Dh] heads,
+// boxes of one panel × 64 rows (tma_map_heads_bf16); the forward leaves dy unset.
+struct HeadMaps {
+  CUtensorMap q, dy;  // [B, T, Hq, Dh]
+  CUtensorMap k, v;   // [B, T, Hkv, Dh]
+};
+
+// Rows row0 .. row0 + 63 of head h in batch b by TMA into the swizzled panels of a 64-row tile
+// (one box per panel; rows past T and columns past Dh arrive as zeros), completing on `bar`,
+// which must expect wgmma::Panels<kPadded>::kBytes for it. One thread issues it.
+template <int kPadded>
+__device__ __forceinline__ void tma_head_tile(uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int64_t h,
+                                              int64_t row0, int64_t b) {
+  using Panels = wgmma::Panels<kPadded>;
+#pragma unroll
+  for (int pn = 0; pn < Panels::kBytes / Panels::kPanelBytes; ++pn)
+    tma::load_4d(reinterpret_cast<unsigned char*>(dst) + pn * Panels::kPanelBytes, map, bar, pn * Panels::kPanelCols,
+                 static_cast<int>(h), static_cast<int>(row0), static_cast<int>(b));
+}
+
+// The key and value stages of a loop over key tiles (forward, dQ pass) filled by TMA (kTma):
+// thread 0 arms stage kt % 2's barrier and loads key and value tile kt into it; every thread
+// waits for it before the tile's products.
+template <int kPadded>
+struct TmaKeyStages {
+  uint16_t* ks;  // 2 stages
+  uint16_t* vs;  // 2 stages
+  uint64_t* full;  // 2 barriers, initialized with count 1
+  const HeadMaps* maps;
+  int64_t g, b;
+  __device__ __forceinline__ void load(int kt) const {
+    constexpr int kT = kSwizzledTile<kPadded>;
+    const int stage = kt & 1;
+    tma::arrive_expect(&full[stage], 2 * wgmma::Panels<kPadded>::kBytes);
+    tma_head_tile<kPadded>(ks + stage * kT, &maps->k, &full[stage], g, static_cast<int64_t>(kt) * kTile, b);
+    tma_head_tile<kPadded>(vs + stage * kT, &maps->v, &full[stage], g, static_cast<int64_t>(kt) * kTile, b);
+  }
+  __device__ __forceinline__ void wait(int kt) const { tma::wait(&full[kt & 1], static_cast<uint32_t>((kt >> 1) & 1)); }
 };
 
 // The forward on wgmma (sm_90a). Grid (query tiles, Hq, B); tiles run heaviest (last) first. The
@@ -475,7 +510,7 @@ struct ForwardMaps {
 // the stage the block's last barrier freed, so the other threads issue no load instructions.
 template <int kPadded, class Rule, int kMinBlocks = 0, bool kTma = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    forward_kernel(const ForwardIo a, const Rule rule, const __grid_constant__ ForwardMaps maps) {
+    forward_kernel(const ForwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
   constexpr int kChunks = kPadded / 16;  // k steps over the head width
   constexpr int kDTiles = kPadded / 8;   // n-tiles of the output
   constexpr int kKeyTiles = kTile / 8;   // n-tiles of the scores
@@ -496,18 +531,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
-  constexpr int kPanels = Panels::kBytes / Panels::kPanelBytes;
-  // kTma: thread 0 loads key and value tile kt into `stage` and arms its barrier.
-  auto tma_key_stage = [&](int kt, int stage) {
-    tma::arrive_expect(&full[stage], 2 * Panels::kBytes);
-    for (int pn = 0; pn < kPanels; ++pn) {
-      const int col = pn * Panels::kPanelCols, row = kt * kTile;
-      tma::load_4d(reinterpret_cast<unsigned char*>(ks + stage * kT) + pn * Panels::kPanelBytes, &maps.k,
-                   &full[stage], col, static_cast<int>(g), row, static_cast<int>(b));
-      tma::load_4d(reinterpret_cast<unsigned char*>(vs + stage * kT) + pn * Panels::kPanelBytes, &maps.v,
-                   &full[stage], col, static_cast<int>(g), row, static_cast<int>(b));
-    }
-  };
+  const TmaKeyStages<kPadded> stages{ks, vs, full, &maps, g, b};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
   const int wrow = warp * kWarpRows;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
@@ -523,10 +547,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       tma::init(q_full, 1);
       tma::fence_init();
       tma::arrive_expect(q_full, Panels::kBytes);
-      for (int pn = 0; pn < kPanels; ++pn)
-        tma::load_4d(reinterpret_cast<unsigned char*>(qs) + pn * Panels::kPanelBytes, &maps.q, q_full,
-                     pn * Panels::kPanelCols, static_cast<int>(h), static_cast<int>(p0), static_cast<int>(b));
-      tma_key_stage(0, 0);
+      tma_head_tile<kPadded>(qs, &maps.q, q_full, h, p0, b);
+      stages.load(0);
     }
     __syncthreads();  // the barriers are initialized before anyone waits on them
   } else {
@@ -548,9 +570,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if constexpr (kTma) {
       // The other stage held tile kt − 1, which every thread finished with before the last
       // iteration's closing barrier.
-      if (threadIdx.x == 0 && kt + 1 < n_kt) tma_key_stage(kt + 1, stage ^ 1);
+      if (threadIdx.x == 0 && kt + 1 < n_kt) stages.load(kt + 1);
       if (kt == 0) tma::wait(q_full, 0);
-      tma::wait(&full[stage], static_cast<uint32_t>((kt >> 1) & 1));
+      stages.wait(kt);
     } else {
       next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
     }
@@ -1029,11 +1051,6 @@ inline constexpr int kWsKeys = 2 * kTile;     // key rows per block
 inline constexpr int kWsStages = 3;           // query / dY tiles in flight
 inline constexpr int kWsThreads = 3 * 128;    // consumers 0, 1; the producer warpgroup 2
 
-struct WsMaps {
-  CUtensorMap q, dy;  // [B, T, Hq, Dh]: boxes of one panel × 64 rows of one head
-  CUtensorMap k, v;   // [B, T, Hkv, Dh]
-};
-
 template <int kPadded, bool kOnePass>
 struct WsLayout {
   using Panels = wgmma::Panels<kPadded>;
@@ -1052,13 +1069,12 @@ struct WsLayout {
 
 template <int kPadded, class Rule, bool kOnePass>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    dkdv_ws_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ WsMaps maps) {
+    dkdv_ws_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
   static_assert(kPadded <= kWgmmaBackwardWidth, "the wgmma backward takes head widths up to 96");
   using L = WsLayout<kPadded, kOnePass>;
   using Panels = wgmma::Panels<kPadded>;
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;
-  constexpr int kPanels = Panels::kBytes / Panels::kPanelBytes;  // boxes per tile (48: one of 64 columns)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* base = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   uint64_t* full = reinterpret_cast<uint64_t*>(base + L::kBarrierOffset);
@@ -1091,13 +1107,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::arrive_expect(kv_full, 4 * L::kTileBytes);
       for (int c = 0; c < 2; ++c) {
         unsigned char* ct = base + c * L::kConsumerBytes;
-        for (int pn = 0; pn < kPanels; ++pn) {
-          const int col = pn * Panels::kPanelCols, row = static_cast<int>(j0 + c * kTile);
-          tma::load_4d(ct + pn * Panels::kPanelBytes, &maps.k, kv_full, col, static_cast<int>(g), row,
-                       static_cast<int>(b));
-          tma::load_4d(ct + L::kTileBytes + pn * Panels::kPanelBytes, &maps.v, kv_full, col, static_cast<int>(g),
-                       row, static_cast<int>(b));
-        }
+        tma_head_tile<kPadded>(reinterpret_cast<uint16_t*>(ct), &maps.k, kv_full, g, j0 + c * kTile, b);
+        tma_head_tile<kPadded>(reinterpret_cast<uint16_t*>(ct + L::kTileBytes), &maps.v, kv_full, g, j0 + c * kTile,
+                               b);
       }
     }
     for (int64_t it = 0; it < total; ++it) {
@@ -1111,13 +1123,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       if (lane == 0) {
         tma::arrive_expect(&full[s], 2 * L::kTileBytes);
-        for (int pn = 0; pn < kPanels; ++pn) {
-          const int col = pn * Panels::kPanelCols;
-          tma::load_4d(reinterpret_cast<unsigned char*>(q_stage(s)) + pn * Panels::kPanelBytes, &maps.q, &full[s],
-                       col, static_cast<int>(h), static_cast<int>(p0), static_cast<int>(b));
-          tma::load_4d(reinterpret_cast<unsigned char*>(dy_stage(s)) + pn * Panels::kPanelBytes, &maps.dy, &full[s],
-                       col, static_cast<int>(h), static_cast<int>(p0), static_cast<int>(b));
-        }
+        tma_head_tile<kPadded>(q_stage(s), &maps.q, &full[s], h, p0, b);
+        tma_head_tile<kPadded>(dy_stage(s), &maps.dy, &full[s], h, p0, b);
       } else {
         tma::arrive(&full[s]);  // this lane's row terms are written
       }
@@ -1309,9 +1316,10 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
 
 // dQ on wgmma (head widths up to kWgmmaBackwardWidth): dq_kernel's grid, loop and rule step,
 // with S = Q K^T and dP = dO V^T from swizzled shared tiles (K-major) and dQ += dS K with dS from
-// registers and K MN-major.
-template <int kPadded, class Rule, int kMinBlocks = 0>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) dq_wgmma_kernel(const BackwardIo a, const Rule rule) {
+// registers and K MN-major. Tiles by cp.async, or (kTma) by TMA as forward_kernel's.
+template <int kPadded, class Rule, int kMinBlocks = 0, bool kTma = false>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    dq_wgmma_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
   constexpr int kDTiles = kPadded / 8;
   constexpr int kKeyTiles = kTile / 8;
   constexpr int kT = kSwizzledTile<kPadded>;
@@ -1322,6 +1330,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dq_wgmma_kernel(const Ba
   uint16_t* dys = qs + kT;                               // dy tile
   uint16_t* ks = dys + kT;                               // 2 stages
   uint16_t* vs = ks + 2 * kT;                            // 2 stages
+  // kTma: the barriers of the two key / value stages and of the query and dy tiles.
+  uint64_t* full = reinterpret_cast<uint64_t*>(vs + 2 * kT);
+  uint64_t* q_full = full + 2;
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -1336,13 +1347,28 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dq_wgmma_kernel(const Ba
   const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
   const int wrow = warp * kWarpRows;
   const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
+  const TmaKeyStages<kPadded> stages{ks, vs, full, &maps, g, b};
 
-  load_tile<kTile, kPadded, true>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
-  load_tile<kTile, kPadded, true>(dys, a.dy + q_off, p0, T, q_stride, Dh, vec);
-  cp_async_commit();
-  load_tile<kTile, kPadded, true>(ks, kb, 0, T, kv_stride, Dh, vec);
-  load_tile<kTile, kPadded, true>(vs, vb, 0, T, kv_stride, Dh, vec);
-  cp_async_commit();
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      tma::init(&full[0], 1);
+      tma::init(&full[1], 1);
+      tma::init(q_full, 1);
+      tma::fence_init();
+      tma::arrive_expect(q_full, 2 * Panels::kBytes);
+      tma_head_tile<kPadded>(qs, &maps.q, q_full, h, p0, b);
+      tma_head_tile<kPadded>(dys, &maps.dy, q_full, h, p0, b);
+      stages.load(0);
+    }
+    __syncthreads();  // the barriers are initialized before anyone waits on them
+  } else {
+    load_tile<kTile, kPadded, true>(qs, a.q + q_off, p0, T, q_stride, Dh, vec);
+    load_tile<kTile, kPadded, true>(dys, a.dy + q_off, p0, T, q_stride, Dh, vec);
+    cp_async_commit();
+    load_tile<kTile, kPadded, true>(ks, kb, 0, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded, true>(vs, vb, 0, T, kv_stride, Dh, vec);
+    cp_async_commit();
+  }
   float norm2[2], delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -1360,7 +1386,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dq_wgmma_kernel(const Ba
   const int n_kt = static_cast<int>(p0 / kTile) + 1;
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
-    next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    if constexpr (kTma) {  // as in forward_kernel
+      if (threadIdx.x == 0 && kt + 1 < n_kt) stages.load(kt + 1);
+      if (kt == 0) tma::wait(q_full, 0);
+      stages.wait(kt);
+    } else {
+      next_key_stage<kPadded, true>(ks, vs, kb, vb, kt, n_kt, T, kv_stride, Dh, vec);
+    }
     const uint16_t* kst = ks + stage * kT;
     const uint16_t* vst = vs + stage * kT;
 
@@ -1414,14 +1446,15 @@ template <int kPadded>
 constexpr size_t forward_smem() {
   return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 3 * sizeof(uint64_t) + 1024;
 }
-// Six swizzled tiles, the row terms and the alignment slack; the wgmma dQ pass: six swizzled tiles and the slack.
+// Six swizzled tiles, the row terms and the alignment slack; the wgmma dQ pass: six swizzled
+// tiles, the TMA barriers and the slack.
 template <int kPadded>
 constexpr size_t dkdv_wgmma_smem() {
   return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + sizeof(float) * 4 * kTile + 1024;
 }
 template <int kPadded>
 constexpr size_t dq_wgmma_smem() {
-  return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + 1024;
+  return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + 3 * sizeof(uint64_t) + 1024;
 }
 template <int kPadded>
 constexpr size_t dkdv_smem() {
@@ -1442,27 +1475,35 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 inline unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
 
-// The forward on `stream`: grid (query tiles, Hq, B). Its tiles by TMA where flash_forward_tma()
-// is on and Dh is a multiple of 8 (16-byte row strides), else by cp.async.
+// The TMA maps of q, dy (when not null), k and v for kPadded's panels (Dh a multiple of 8).
+template <int kPadded>
+HeadMaps head_maps(const Dims& d, const uint16_t* q, const uint16_t* dy, const uint16_t* k, const uint16_t* v) {
+  constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
+  HeadMaps maps{};
+  maps.q = tma_map_heads_bf16(q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+  if (dy != nullptr) maps.dy = tma_map_heads_bf16(dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
+  maps.k = tma_map_heads_bf16(k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+  maps.v = tma_map_heads_bf16(v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+  return maps;
+}
+
+// The forward on `stream`: grid (query tiles, Hq, B). Its tiles by TMA where flash_tma_loads()
+// is on and Dh is a multiple of 8 (16-byte row strides), else by cp.async; so the two passes'
+// dQ pass.
 template <int kPadded, class Rule>
 void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) {
   const Dims& d = io.dims;
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
   constexpr size_t smem = forward_smem<kPadded>();
-  ForwardMaps maps{};
-  if (flash_forward_tma() && d.Dh % 8 == 0) {
-    constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
-    maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-    maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
-    maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+  if (flash_tma_loads() && d.Dh % 8 == 0) {
     auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>, true>;
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(io, rule, maps);
+    kernel<<<grid, kThreads, smem, stream>>>(io, rule, head_maps<kPadded>(d, io.q, nullptr, io.k, io.v));
   } else {
     auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>>;
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(io, rule, maps);
+    kernel<<<grid, kThreads, smem, stream>>>(io, rule, HeadMaps{});
   }
   QV_CUDA_CHECK(cudaGetLastError());
 }
@@ -1490,12 +1531,7 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
   if constexpr (kPadded <= kWgmmaBackwardWidth) {
     auto dkdv_ws = [&](auto one_pass) {
       constexpr bool kOnePass = decltype(one_pass)::value;
-      constexpr int kCols = wgmma::Panels<kPadded>::kPanelCols;
-      WsMaps maps;
-      maps.q = tma_map_heads_bf16(io.q, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-      maps.dy = tma_map_heads_bf16(io.dy, d.B, d.T, d.Hq, d.Dh, kTile, kCols);
-      maps.k = tma_map_heads_bf16(io.k, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
-      maps.v = tma_map_heads_bf16(io.v, d.B, d.T, d.Hkv, d.Dh, kTile, kCols);
+      const HeadMaps maps = head_maps<kPadded>(d, io.q, io.dy, io.k, io.v);
       auto dkdv = dkdv_ws_kernel<kPadded, Rule, kOnePass>;
       constexpr size_t bytes = WsLayout<kPadded, kOnePass>::kSmem;
       allow_smem(dkdv, bytes);
@@ -1521,10 +1557,16 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
       QV_CUDA_CHECK(cudaGetLastError());
     }
-    auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>>;
     constexpr size_t dq_bytes = dq_wgmma_smem<kPadded>();
-    allow_smem(dq, dq_bytes);
-    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule);
+    if (flash_tma_loads() && d.Dh % 8 == 0) {
+      auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, true>;
+      allow_smem(dq, dq_bytes);
+      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, head_maps<kPadded>(d, io.q, io.dy, io.k, io.v));
+    } else {
+      auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>>;
+      allow_smem(dq, dq_bytes);
+      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, HeadMaps{});
+    }
     QV_CUDA_CHECK(cudaGetLastError());
   } else {
     auto dkdv = dkdv_kernel<kPadded, Rule>;

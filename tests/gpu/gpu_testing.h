@@ -30,12 +30,12 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
-// The flash forward's TMA loads (cuda::flash_forward_tma) for the scope's lifetime.
-struct TmaForward {
-  TmaForward() { cuda::set_flash_forward_tma(true); }
-  ~TmaForward() { cuda::set_flash_forward_tma(false); }
-  TmaForward(const TmaForward&) = delete;
-  TmaForward& operator=(const TmaForward&) = delete;
+// The flash kernels' TMA loads (cuda::flash_tma_loads) for the scope's lifetime.
+struct TmaLoads {
+  TmaLoads() { cuda::set_flash_tma_loads(true); }
+  ~TmaLoads() { cuda::set_flash_tma_loads(false); }
+  TmaLoads(const TmaLoads&) = delete;
+  TmaLoads& operator=(const TmaLoads&) = delete;
 };
 
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
