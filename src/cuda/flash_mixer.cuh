@@ -499,6 +499,14 @@ struct TmaKeyStages {
     tma_head_tile<kPadded>(vs + stage * kT, &maps->v, &full[stage], g, static_cast<int64_t>(kt) * kTile, b);
   }
   __device__ __forceinline__ void wait(int kt) const { tma::wait(&full[kt & 1], static_cast<uint32_t>((kt >> 1) & 1)); }
+  // Thread 0, first: the stages' barriers and `rows_full` (the block's own query-side tiles),
+  // each with count 1.
+  __device__ __forceinline__ void init(uint64_t* rows_full) const {
+    tma::init(&full[0], 1);
+    tma::init(&full[1], 1);
+    tma::init(rows_full, 1);
+    tma::fence_init();
+  }
 };
 
 // The forward on wgmma (sm_90a). Grid (query tiles, Hq, B); tiles run heaviest (last) first. The
@@ -542,10 +550,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
-      tma::init(&full[0], 1);
-      tma::init(&full[1], 1);
-      tma::init(q_full, 1);
-      tma::fence_init();
+      stages.init(q_full);
       tma::arrive_expect(q_full, Panels::kBytes);
       tma_head_tile<kPadded>(qs, &maps.q, q_full, h, p0, b);
       stages.load(0);
@@ -1351,10 +1356,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
-      tma::init(&full[0], 1);
-      tma::init(&full[1], 1);
-      tma::init(q_full, 1);
-      tma::fence_init();
+      stages.init(q_full);
       tma::arrive_expect(q_full, 2 * Panels::kBytes);
       tma_head_tile<kPadded>(qs, &maps.q, q_full, h, p0, b);
       tma_head_tile<kPadded>(dys, &maps.dy, q_full, h, p0, b);
