@@ -12,7 +12,7 @@
 #             dK/dV pass (TMA, barriers), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
 #             with the PyTorch peer when python3 has a CUDA torch)
-#   tmaloads  the TMA loads of the flash forward and dQ pass (QUIVER_FLASH_LOADS=tma,
+#   tmaloads  the TMA loads of the flash forward and two-pass backward (QUIVER_FLASH_LOADS=tma,
 #             experimental): memcheck on two of their tests, then bench relation with them on
 #             (results in OUT_DIR/results-tmaloads)
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)

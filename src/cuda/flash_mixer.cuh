@@ -481,30 +481,42 @@ __device__ __forceinline__ void tma_head_tile(uint16_t* dst, const CUtensorMap* 
                  static_cast<int>(h), static_cast<int>(row0), static_cast<int>(b));
 }
 
-// The key and value stages of a loop over key tiles (forward, dQ pass) filled by TMA (kTma):
-// thread 0 arms stage kt % 2's barrier and loads key and value tile kt into it; every thread
-// waits for it before the tile's products.
+// Two tiles of the same rows of two maps (heads `head`, rows row0 ..) by TMA, on `bar`, which
+// this arms for both. One thread issues it.
 template <int kPadded>
-struct TmaKeyStages {
-  uint16_t* ks;  // 2 stages
-  uint16_t* vs;  // 2 stages
-  uint64_t* full;  // 2 barriers, initialized with count 1
-  const HeadMaps* maps;
-  int64_t g, b;
-  __device__ __forceinline__ void load(int kt) const {
+__device__ __forceinline__ void tma_tile_pair(uint64_t* bar, uint16_t* a, const CUtensorMap* map_a, uint16_t* b,
+                                              const CUtensorMap* map_b, int64_t head, int64_t row0, int64_t batch) {
+  tma::arrive_expect(bar, 2 * wgmma::Panels<kPadded>::kBytes);
+  tma_head_tile<kPadded>(a, map_a, bar, head, row0, batch);
+  tma_head_tile<kPadded>(b, map_b, bar, head, row0, batch);
+}
+
+// The two-stage tile pairs of a loop filled by TMA (kTma): key and value tiles (forward, dQ
+// pass) or query and dY tiles (dK/dV pass). Thread 0 arms stage it % 2's barrier and loads
+// iteration it's pair, rows row0 .. of head `head`, into it; every thread waits for it before
+// the iteration's products.
+template <int kPadded>
+struct TmaStages {
+  uint16_t* a;     // 2 stages
+  uint16_t* b;     // 2 stages
+  uint64_t* full;  // 2 barriers
+  const CUtensorMap* map_a;
+  const CUtensorMap* map_b;
+  int64_t batch;
+  __device__ __forceinline__ void load(int64_t it, int64_t head, int64_t row0) const {
     constexpr int kT = kSwizzledTile<kPadded>;
-    const int stage = kt & 1;
-    tma::arrive_expect(&full[stage], 2 * wgmma::Panels<kPadded>::kBytes);
-    tma_head_tile<kPadded>(ks + stage * kT, &maps->k, &full[stage], g, static_cast<int64_t>(kt) * kTile, b);
-    tma_head_tile<kPadded>(vs + stage * kT, &maps->v, &full[stage], g, static_cast<int64_t>(kt) * kTile, b);
+    const int stage = static_cast<int>(it & 1);
+    tma_tile_pair<kPadded>(&full[stage], a + stage * kT, map_a, b + stage * kT, map_b, head, row0, batch);
   }
-  __device__ __forceinline__ void wait(int kt) const { tma::wait(&full[kt & 1], static_cast<uint32_t>((kt >> 1) & 1)); }
-  // Thread 0, first: the stages' barriers and `rows_full` (the block's own query-side tiles),
+  __device__ __forceinline__ void wait(int64_t it) const {
+    tma::wait(&full[it & 1], static_cast<uint32_t>((it >> 1) & 1));
+  }
+  // Thread 0, first: the stages' barriers and `once_full` (the tiles the block loads once),
   // each with count 1.
-  __device__ __forceinline__ void init(uint64_t* rows_full) const {
+  __device__ __forceinline__ void init(uint64_t* once_full) const {
     tma::init(&full[0], 1);
     tma::init(&full[1], 1);
-    tma::init(rows_full, 1);
+    tma::init(once_full, 1);
     tma::fence_init();
   }
 };
@@ -539,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
-  const TmaKeyStages<kPadded> stages{ks, vs, full, &maps, g, b};
+  const TmaStages<kPadded> stages{ks, vs, full, &maps.k, &maps.v, b};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
   const int wrow = warp * kWarpRows;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
@@ -553,7 +565,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       stages.init(q_full);
       tma::arrive_expect(q_full, Panels::kBytes);
       tma_head_tile<kPadded>(qs, &maps.q, q_full, h, p0, b);
-      stages.load(0);
+      stages.load(0, g, 0);
     }
     __syncthreads();  // the barriers are initialized before anyone waits on them
   } else {
@@ -575,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if constexpr (kTma) {
       // The other stage held tile kt − 1, which every thread finished with before the last
       // iteration's closing barrier.
-      if (threadIdx.x == 0 && kt + 1 < n_kt) stages.load(kt + 1);
+      if (threadIdx.x == 0 && kt + 1 < n_kt) stages.load(kt + 1, g, static_cast<int64_t>(kt + 1) * kTile);
       if (kt == 0) tma::wait(q_full, 0);
       stages.wait(kt);
     } else {
@@ -955,8 +967,12 @@ __device__ __forceinline__ void one_pass_products(const float (&st)[kTile / 8][4
 // dkdv_kernel's grid, loop and rule step with 64-row query tiles, every product a warpgroup
 // product over swizzled tiles (kSwizzledTile): S^T = K Q^T and dP^T = V dO^T from shared memory
 // (K-major); dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers and dO, Q MN-major.
-template <int kPadded, class Rule, int kMinBlocks = 0>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const BackwardIo a, const Rule rule) {
+// Tiles by cp.async, or (kTma) by TMA from thread 0 (the query and dY tiles as forward_kernel's
+// key and value tiles; the row terms still from the threads, published by the iteration's
+// closing barrier).
+template <int kPadded, class Rule, int kMinBlocks = 0, bool kTma = false>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    dkdv_wgmma_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
   static_assert(kPadded <= 96, "the wgmma backward takes head widths up to 96");
   constexpr int kDTiles = kPadded / 8;
   constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
@@ -970,6 +986,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
   uint16_t* dys = qs + 2 * kT;                           // 2 stages of dy tiles
   float* norm_s = reinterpret_cast<float*>(dys + 2 * kT);  // 2 stages of [64], base 2
   float* delta_s = norm_s + 2 * kTile;                     // 2 stages of [64]
+  // kTma: the barriers of the two query / dY stages and of the key and value tiles.
+  uint64_t* full = reinterpret_cast<uint64_t*>(delta_s + 2 * kTile);
+  uint64_t* kv_full = full + 2;
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
@@ -986,15 +1005,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     load_tile<kTile, kPadded, true>(dys + stage * kT, a.dy + q_off, p0, T, q_stride, Dh, vec);
   };
 
-  load_tile<kTile, kPadded, true>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
-  load_tile<kTile, kPadded, true>(vs, a.v + kv_off, j0, T, kv_stride, Dh, vec);
-  cp_async_commit();
-  issue(0, 0);
-  cp_async_commit();
+  const TmaStages<kPadded> stages{qs, dys, full, &maps.q, &maps.dy, b};
+
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      stages.init(kv_full);
+      tma_tile_pair<kPadded>(kv_full, ks, &maps.k, vs, &maps.v, g, j0, b);
+      stages.load(0, loop.head(0), loop.tile(0));
+    }
+  } else {
+    load_tile<kTile, kPadded, true>(ks, a.k + kv_off, j0, T, kv_stride, Dh, vec);
+    load_tile<kTile, kPadded, true>(vs, a.v + kv_off, j0, T, kv_stride, Dh, vec);
+    cp_async_commit();
+    issue(0, 0);
+    cp_async_commit();
+  }
   if (threadIdx.x < kTile) {
     norm_s[threadIdx.x] = loop.norm(rule, 0, threadIdx.x);
     delta_s[threadIdx.x] = loop.delta(a.delta, 0, threadIdx.x);
   }
+  if constexpr (kTma) __syncthreads();  // the barriers and the first row terms are in place
 
   float dk[kDTiles][4], dv[kDTiles][4];
   zero_key_grads<kPadded>(dk, dv);
@@ -1005,16 +1035,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dkdv_wgmma_kernel(const 
     const int stage = static_cast<int>(it & 1);
     float norm_next = 0.0f, delta_next = 0.0f;
     if (it + 1 < total) {
-      issue(it + 1, stage ^ 1);
+      if constexpr (kTma) {
+        // The other stage held iteration it − 1's tiles, which every thread finished with
+        // before that iteration's closing barrier.
+        if (threadIdx.x == 0) stages.load(it + 1, loop.head(it + 1), loop.tile(it + 1));
+      } else {
+        issue(it + 1, stage ^ 1);
+      }
       if (threadIdx.x < kTile) {
         norm_next = loop.norm(rule, it + 1, threadIdx.x);
         delta_next = loop.delta(a.delta, it + 1, threadIdx.x);
       }
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async_shared();  // the tiles are read by the tensor cores
-    __syncthreads();
+    if constexpr (kTma) {
+      if (it == 0) tma::wait(kv_full, 0);
+      stages.wait(it);
+    } else {
+      cp_async_commit();
+      cp_async_wait<1>();
+      fence_proxy_async_shared();  // the tiles are read by the tensor cores
+      __syncthreads();
+    }
     const uint16_t* qst = qs + stage * kT;
     const uint16_t* dyst = dys + stage * kT;
     const float* norm_t = norm_s + stage * kTile;
@@ -1352,15 +1393,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const uint16_t* vb = a.v + (b * T * d.Hkv + g) * Dh;
   const int wrow = warp * kWarpRows;
   const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
-  const TmaKeyStages<kPadded> stages{ks, vs, full, &maps, g, b};
+  const TmaStages<kPadded> stages{ks, vs, full, &maps.k, &maps.v, b};
 
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       stages.init(q_full);
-      tma::arrive_expect(q_full, 2 * Panels::kBytes);
-      tma_head_tile<kPadded>(qs, &maps.q, q_full, h, p0, b);
-      tma_head_tile<kPadded>(dys, &maps.dy, q_full, h, p0, b);
-      stages.load(0);
+      tma_tile_pair<kPadded>(q_full, qs, &maps.q, dys, &maps.dy, h, p0, b);
+      stages.load(0, g, 0);
     }
     __syncthreads();  // the barriers are initialized before anyone waits on them
   } else {
@@ -1389,7 +1428,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   for (int kt = 0; kt < n_kt; ++kt) {
     const int stage = kt & 1;
     if constexpr (kTma) {  // as in forward_kernel
-      if (threadIdx.x == 0 && kt + 1 < n_kt) stages.load(kt + 1);
+      if (threadIdx.x == 0 && kt + 1 < n_kt) stages.load(kt + 1, g, static_cast<int64_t>(kt + 1) * kTile);
       if (kt == 0) tma::wait(q_full, 0);
       stages.wait(kt);
     } else {
@@ -1448,11 +1487,11 @@ template <int kPadded>
 constexpr size_t forward_smem() {
   return sizeof(uint16_t) * 5 * kSwizzledTile<kPadded> + 3 * sizeof(uint64_t) + 1024;
 }
-// Six swizzled tiles, the row terms and the alignment slack; the wgmma dQ pass: six swizzled
-// tiles, the TMA barriers and the slack.
+// Six swizzled tiles, the row terms, the TMA barriers and the alignment slack; the wgmma dQ
+// pass: six swizzled tiles, the TMA barriers and the slack.
 template <int kPadded>
 constexpr size_t dkdv_wgmma_smem() {
-  return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + sizeof(float) * 4 * kTile + 1024;
+  return sizeof(uint16_t) * 6 * kSwizzledTile<kPadded> + sizeof(float) * 4 * kTile + 3 * sizeof(uint64_t) + 1024;
 }
 template <int kPadded>
 constexpr size_t dq_wgmma_smem() {
@@ -1550,17 +1589,24 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       QV_CUDA_CHECK(cudaGetLastError());
       return;
     }
+    const bool tma = flash_tma_loads() && d.Dh % 8 == 0;  // the one-warpgroup passes' loads
     if (kPadded >= kWsTwoPassWidth && flash_dq_one_pass(d.Dh)) {
       dkdv_ws(std::false_type{});
+    } else if (tma) {
+      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>, true>;
+      constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
+      allow_smem(dkdv, bytes);
+      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, head_maps<kPadded>(d, io.q, io.dy, io.k, io.v));
+      QV_CUDA_CHECK(cudaGetLastError());
     } else {
       auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>>;
       constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
       allow_smem(dkdv, bytes);
-      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule);
+      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, HeadMaps{});
       QV_CUDA_CHECK(cudaGetLastError());
     }
     constexpr size_t dq_bytes = dq_wgmma_smem<kPadded>();
-    if (flash_tma_loads() && d.Dh % 8 == 0) {
+    if (tma) {
       auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, true>;
       allow_smem(dq, dq_bytes);
       dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, head_maps<kPadded>(d, io.q, io.dy, io.k, io.v));

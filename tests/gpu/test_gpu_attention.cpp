@@ -126,8 +126,8 @@ TEST_P(GpuAttention, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The forward and the dQ pass with their tiles loaded by TMA (cuda::flash_tma_loads); head
-// widths that are not a multiple of 8 keep cp.async.
+// The forward and the two-pass backward with their tiles loaded by TMA (cuda::flash_tma_loads);
+// head widths that are not a multiple of 8 keep cp.async.
 TEST_P(GpuAttention, TmaLoadsMatchTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const gpu_testing::TmaLoads tma;
