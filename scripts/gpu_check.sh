@@ -3,7 +3,8 @@
 # NVIDIA GPU (sm_90a): builds Release into build/ (ninja when present), then runs the steps named
 # on the command line (default: all), each under a time limit, with its full log in OUT_DIR and a
 # short summary printed last. Benchmark results are written to OUT_DIR/results (copy them to
-# bench/results to record them).
+# bench/results to record them); every results folder is also packed into OUT_DIR/results.tgz,
+# one file to copy back.
 #
 #   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [tmaloads] [algproj] [model] [algtests]
 #
@@ -97,3 +98,4 @@ done
 echo
 echo "summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F)):"
 printf '  %s\n' "${summary[@]}"
+( cd "$out" && tar -czf results.tgz --exclude=results.tgz results* 2> /dev/null ) && echo "  results packed: $out/results.tgz"
