@@ -46,6 +46,7 @@ fi
 summary+=("build: ok in $(( $(date +%s) - start )) s")
 tests=build/tests/quiver_gpu_tests
 Q=build/bin/quiver
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)  # memory checker
 
 # run NAME COMMAND...: the command under the time limit, its log in OUT_DIR/NAME.log.
 run() {
@@ -70,8 +71,7 @@ for step in "${steps[@]}"; do
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
     memcheck)
       # Cases 4 and 13: widths 64 and 48 (one-pass dQ); case 5: width 80 (two passes).
-      if command -v compute-sanitizer > /dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
-        cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      if [ -x "$cs" ]; then
         run memcheck "$cs" --tool memcheck "$tests" \
           --gtest_filter='Shapes/GpuRelation.OnePassDq*/4:Shapes/GpuRelation.OnePassDq*/13:Shapes/GpuRelation.Forward*/5'
       else
@@ -80,7 +80,6 @@ for step in "${steps[@]}"; do
       ;;
     relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
     tmaloads)
-      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
       [ -x "$cs" ] && run tmaloads-memcheck "$cs" --tool memcheck "$tests" \
         --gtest_filter='Shapes/GpuRelation.TmaLoads*/4:Shapes/GpuAttention.TmaLoads*/5'
       mkdir -p "$out/results-tmaloads"

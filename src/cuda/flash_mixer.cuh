@@ -3,8 +3,8 @@
 // parametrized by a score rule. Included only by those two .cu files.
 //
 // Tensor-core layout (forward, dK/dV, dQ): a block of 4 warps, one warpgroup, over 64-row tiles
-// of bf16 rows in shared memory, filled by cp.async, two stages deep for the tiles the block loops
-// over. Each warp owns 16 rows of the product it accumulates (fp32, mma.sync's fragment layout).
+// of bf16 rows in shared memory, filled by cp.async (or by TMA: flash_tma_loads), two stages deep
+// for the tiles the block loops over. Each warp owns 16 rows of the product it accumulates (fp32, mma.sync's fragment layout).
 // The products are warpgroup products (wgmma.cuh), the tiles swizzled panels (kSwizzledTile):
 //   forward  16 query rows a warp:  S = Q K^T (both from shared memory), P = online softmax of
 //            the rule's logits in registers, O += P V (P, rounded to bf16, from registers).
@@ -1537,15 +1537,12 @@ void launch_forward(const ForwardIo& io, const Rule& rule, cudaStream_t stream) 
   if (d.B == 0 || d.T == 0 || d.Hq == 0) return;
   const dim3 grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
   constexpr size_t smem = forward_smem<kPadded>();
-  if (flash_tma_loads() && d.Dh % 8 == 0) {
-    auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>, true>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(io, rule, head_maps<kPadded>(d, io.q, nullptr, io.k, io.v));
-  } else {
-    auto kernel = forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>>;
-    allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(io, rule, HeadMaps{});
-  }
+  const bool tma = flash_tma_loads() && d.Dh % 8 == 0;
+  auto kernel = tma ? forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>, true>
+                    : forward_kernel<kPadded, Rule, kForwardMinBlocks<kPadded>, false>;
+  allow_smem(kernel, smem);
+  kernel<<<grid, kThreads, smem, stream>>>(io, rule,
+                                           tma ? head_maps<kPadded>(d, io.q, nullptr, io.k, io.v) : HeadMaps{});
   QV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1570,9 +1567,13 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
   const dim3 key_grid(tiles_of(d.T), static_cast<unsigned>(d.Hkv), static_cast<unsigned>(d.B));
   const dim3 query_grid(tiles_of(d.T), static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
   if constexpr (kPadded <= kWgmmaBackwardWidth) {
-    auto dkdv_ws = [&](auto one_pass) {
-      constexpr bool kOnePass = decltype(one_pass)::value;
-      const HeadMaps maps = head_maps<kPadded>(d, io.q, io.dy, io.k, io.v);
+    // The TMA maps, built once for whichever kernels load by TMA (Dh a multiple of 8).
+    const bool tma = flash_tma_loads() && d.Dh % 8 == 0;  // the one-warpgroup passes' loads
+    const bool one_pass = io.dq_accum != nullptr && flash_dq_one_pass(d.Dh);
+    const bool ws = one_pass || (kPadded >= kWsTwoPassWidth && flash_dq_one_pass(d.Dh));
+    const HeadMaps maps = tma || ws ? head_maps<kPadded>(d, io.q, io.dy, io.k, io.v) : HeadMaps{};
+    auto dkdv_ws = [&](auto kind) {
+      constexpr bool kOnePass = decltype(kind)::value;
       auto dkdv = dkdv_ws_kernel<kPadded, Rule, kOnePass>;
       constexpr size_t bytes = WsLayout<kPadded, kOnePass>::kSmem;
       allow_smem(dkdv, bytes);
@@ -1581,7 +1582,7 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       dkdv<<<grid, kWsThreads, bytes, stream>>>(io, rule, maps);
       QV_CUDA_CHECK(cudaGetLastError());
     };
-    if (io.dq_accum != nullptr && flash_dq_one_pass(d.Dh)) {  // one pass: dK/dV adds dQ's shares
+    if (one_pass) {  // dK/dV adds dQ's shares
       const int64_t rows = d.B * d.T * d.Hq;
       QV_CUDA_CHECK(cudaMemsetAsync(io.dq_accum, 0, sizeof(float) * flash_dq_sum_floats(d), stream));
       dkdv_ws(std::true_type{});
@@ -1589,32 +1590,21 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       QV_CUDA_CHECK(cudaGetLastError());
       return;
     }
-    const bool tma = flash_tma_loads() && d.Dh % 8 == 0;  // the one-warpgroup passes' loads
-    if (kPadded >= kWsTwoPassWidth && flash_dq_one_pass(d.Dh)) {
+    if (ws) {
       dkdv_ws(std::false_type{});
-    } else if (tma) {
-      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>, true>;
-      constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
-      allow_smem(dkdv, bytes);
-      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, head_maps<kPadded>(d, io.q, io.dy, io.k, io.v));
-      QV_CUDA_CHECK(cudaGetLastError());
     } else {
-      auto dkdv = dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>>;
+      auto dkdv = tma ? dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>, true>
+                      : dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>, false>;
       constexpr size_t bytes = dkdv_wgmma_smem<kPadded>();
       allow_smem(dkdv, bytes);
-      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, HeadMaps{});
+      dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, maps);
       QV_CUDA_CHECK(cudaGetLastError());
     }
+    auto dq = tma ? dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, true>
+                  : dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, false>;
     constexpr size_t dq_bytes = dq_wgmma_smem<kPadded>();
-    if (tma) {
-      auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, true>;
-      allow_smem(dq, dq_bytes);
-      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, head_maps<kPadded>(d, io.q, io.dy, io.k, io.v));
-    } else {
-      auto dq = dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>>;
-      allow_smem(dq, dq_bytes);
-      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, HeadMaps{});
-    }
+    allow_smem(dq, dq_bytes);
+    dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, maps);
     QV_CUDA_CHECK(cudaGetLastError());
   } else {
     auto dkdv = dkdv_kernel<kPadded, Rule>;

@@ -170,7 +170,7 @@ std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& op
         modes.push_back(dq);
         known = true;
       }
-    QV_CHECK(known, "bench relation: no dQ mode '{}' (two-pass, one-pass)", name);
+    QV_CHECK(known, "bench relation: no dQ mode '{}' ({})", name, fmt::join(relation_bench_dq_modes(), ", "));
   }
   QV_CHECK(!modes.empty(), "bench relation: no dQ mode to time");
   std::vector<RelationBenchRow> rows;

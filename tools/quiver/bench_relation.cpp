@@ -152,10 +152,10 @@ void run_cuda(const RelationBenchArgs& a) {
   options.shapes = parse_shapes(a.shapes);  // before anything runs: a bad list fails at once
   options.dq.clear();
   std::stringstream modes(a.dq);
+  const auto known = cuda::relation_bench_dq_modes();
   for (std::string m; std::getline(modes, m, ',');) {
-    const auto known = cuda::relation_bench_dq_modes();
-    QV_CHECK(std::find(known.begin(), known.end(), m) != known.end(),
-             "--dq: no mode '{}' (two-pass, one-pass)", m);
+    QV_CHECK(std::find(known.begin(), known.end(), m) != known.end(), "--dq: no mode '{}' ({})", m,
+             fmt::join(known, ", "));
     options.dq.push_back(m);
   }
   QV_CHECK(!options.dq.empty(), "--dq: no mode in '{}'", a.dq);
