@@ -6,18 +6,15 @@
 # bench/results to record them); every results folder is also packed into OUT_DIR/results.tgz,
 # one file to copy back.
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [tmaloads] [algproj] [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [algproj] [model] [algtests]
 #
 #   tests     the GPU test suite but the algebraic-projection tests
-#   memcheck  compute-sanitizer memcheck on flash backward tests that run the warp-specialized
-#             dK/dV pass (TMA, barriers), when compute-sanitizer is installed
+#   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
+#             two passes and the warp-specialized dK/dV pass), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
 #             with the PyTorch peer when python3 has a CUDA torch)
-#   tmaloads  the TMA loads of the flash forward and two-pass backward (QUIVER_FLASH_LOADS=tma,
-#             experimental): memcheck on two of their tests, then bench relation with them on
-#             (results in OUT_DIR/results-tmaloads)
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
-#   model     quiver bench model --device cuda: the Relation and MHA presets' training tok/s
+#   model     quiver bench model --device cuda: the Relation, MHA and hybrid presets' training tok/s
 #   algtests  the algebraic-projection GPU tests (a few minutes)
 # Environment: LIMIT (seconds per step, default 540).
 set -uo pipefail
@@ -29,7 +26,7 @@ fi
 out="$1"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation tmaloads algproj model algtests)
+[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation algproj model algtests)
 limit="${LIMIT:-540}"
 mkdir -p "$out/results"
 summary=()
@@ -70,27 +67,22 @@ for step in "${steps[@]}"; do
     tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*' ;;
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
     memcheck)
-      # Cases 4 and 13: widths 64 and 48 (one-pass dQ); case 5: width 80 (two passes).
+      # Relation cases 4 and 13: widths 64 and 48 (one-pass dQ, and two passes for case 4); case 5:
+      # width 80 (two passes, warp-specialized dK/dV); attention case 5: width 80 (two passes).
       if [ -x "$cs" ]; then
         run memcheck "$cs" --tool memcheck "$tests" \
-          --gtest_filter='Shapes/GpuRelation.OnePassDq*/4:Shapes/GpuRelation.OnePassDq*/13:Shapes/GpuRelation.Forward*/5'
+          --gtest_filter='Shapes/GpuRelation.OnePassDq*/4:Shapes/GpuRelation.OnePassDq*/13:Shapes/GpuRelation.Forward*/4:Shapes/GpuRelation.Forward*/5:Shapes/GpuAttention.Forward*/5'
       else
         summary+=("memcheck: skipped (no compute-sanitizer)")
       fi
       ;;
     relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
-    tmaloads)
-      [ -x "$cs" ] && run tmaloads-memcheck "$cs" --tool memcheck "$tests" \
-        --gtest_filter='Shapes/GpuRelation.TmaLoads*/4:Shapes/GpuAttention.TmaLoads*/5'
-      mkdir -p "$out/results-tmaloads"
-      QUIVER_FLASH_LOADS=tma run tmaloads "$Q" bench relation --device cuda --results-dir "$out/results-tmaloads"
-      ;;
     algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
     model)
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
-        rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096
+        rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096,hybrid30m:16:2048
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, tmaloads, algproj, model, algtests)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, algproj, model, algtests)"; exit 2 ;;
   esac
 done
 

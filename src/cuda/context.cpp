@@ -55,17 +55,10 @@ std::atomic<bool>& flash_dq_atomics_flag() {
   static std::atomic<bool> on{env_is("QUIVER_FLASH_DQ", "atomic")};
   return on;
 }
-std::atomic<bool>& flash_tma_loads_flag() {
-  static std::atomic<bool> on{env_is("QUIVER_FLASH_LOADS", "tma")};
-  return on;
-}
 }  // namespace
 
 bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
 void set_flash_dq_atomics(bool on) { flash_dq_atomics_flag().store(on); }
-
-bool flash_tma_loads() { return flash_tma_loads_flag().load(); }
-void set_flash_tma_loads(bool on) { flash_tma_loads_flag().store(on); }
 
 Context& context() {
   static std::mutex mutex;

@@ -57,12 +57,6 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
-// The tiles of the flash forward and of the two passes of the backward loaded by TMA from one
-// thread instead of by cp.async from all (flash_mixer.cuh: forward_kernel, dkdv_wgmma_kernel,
-// dq_wgmma_kernel), where the head width is a multiple of 8. Experimental, not yet run on a
-// GPU. Starts from QUIVER_FLASH_LOADS=tma (anything else: off).
-bool flash_tma_loads();
-void set_flash_tma_loads(bool on);
 
 }  // namespace quiver::cuda
 

@@ -30,14 +30,6 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
-// The flash kernels' TMA loads (cuda::flash_tma_loads) for the scope's lifetime.
-struct TmaLoads {
-  TmaLoads() { cuda::set_flash_tma_loads(true); }
-  ~TmaLoads() { cuda::set_flash_tma_loads(false); }
-  TmaLoads(const TmaLoads&) = delete;
-  TmaLoads& operator=(const TmaLoads&) = delete;
-};
-
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {
   Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);
