@@ -100,14 +100,17 @@ struct RelationScoreRule {
   __device__ __forceinline__ float row_norm2(int64_t r) const {
     return work.norm[r] * flash::kLog2e;
   }
-  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), with y = U/2 and t = tanh(y):
-  // SiLU'(U) = σ(U) (1 + U (1 − σ(U))) = (1 + t) / 2 + (y / 2) (1 − t²).
+  // F = exp(E − norm), dU = F (dP − D) SiLU'(U), with y = U/2, t = tanh(y), σ = σ(U) = (1 + t)/2
+  // and E = U σ = y (1 + t): SiLU'(U) = σ + U σ (1 − σ) = σ + E − E σ (three operations from σ
+  // and E, where (1 + t)/2 + (y/2)(1 − t²) takes four).
   __device__ __forceinline__ flash::ScoreGrad grad(float dot, float norm2, float dprob,
                                                    float delta) const {
     const float y = dot * half_scale;
     const float th = flash::tanh_approx(y);
-    const float prob = flash::exp2_approx(fmaf(fmaf(y, th, y), flash::kLog2e, -norm2));
-    const float silu_grad = fmaf(0.5f * y, fmaf(-th, th, 1.0f), fmaf(0.5f, th, 0.5f));
+    const float e = fmaf(y, th, y);
+    const float prob = flash::exp2_approx(fmaf(e, flash::kLog2e, -norm2));
+    const float sig = fmaf(0.5f, th, 0.5f);
+    const float silu_grad = fmaf(-e, sig, sig + e);
     return {prob, (dprob - delta) * prob * silu_grad};
   }
   // dU_pp = dR_pp S_p (1 − S_p) / τ_S.
