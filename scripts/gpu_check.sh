@@ -6,13 +6,16 @@
 # bench/results to record them); every results folder is also packed into OUT_DIR/results.tgz,
 # one file to copy back.
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [algproj] [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [algproj] [model] [algtests]
 #
-#   tests     the GPU test suite but the algebraic-projection tests
+#   tests     the GPU test suite but the algebraic-projection and the pipelined dK/dV tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
 #             two passes and the warp-specialized dK/dV pass), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
 #             with the PyTorch peer when python3 has a CUDA torch)
+#   pipelined the two passes' pipelined dK/dV pass (QUIVER_FLASH_DKDV=pipelined, experimental): its
+#             GPU tests, memcheck on two of them, then bench relation timing it beside the two
+#             passes in alternating trials (results in OUT_DIR/results-pipelined)
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
 #   model     quiver bench model --device cuda: the Relation, MHA and hybrid presets' training tok/s
 #   algtests  the algebraic-projection GPU tests (a few minutes)
@@ -26,7 +29,7 @@ fi
 out="$1"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation algproj model algtests)
+[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation pipelined algproj model algtests)
 limit="${LIMIT:-540}"
 mkdir -p "$out/results"
 summary=()
@@ -64,7 +67,7 @@ run() {
 
 for step in "${steps[@]}"; do
   case "$step" in
-    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*' ;;
+    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*:*Pipelined*' ;;
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
     memcheck)
       # Relation cases 4 and 13: widths 64 and 48 (one-pass dQ, and two passes for case 4); case 5:
@@ -77,12 +80,20 @@ for step in "${steps[@]}"; do
       fi
       ;;
     relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
+    pipelined)
+      run pipelined-tests "$tests" --gtest_filter='*Pipelined*'
+      [ -x "$cs" ] && run pipelined-memcheck "$cs" --tool memcheck "$tests" \
+        --gtest_filter='Shapes/GpuRelation.PipelinedDkdv*/4:Shapes/GpuAttention.PipelinedDkdv*/1'
+      mkdir -p "$out/results-pipelined"
+      run pipelined "$Q" bench relation --device cuda --dq two-pass,two-pass-pipelined \
+        --results-dir "$out/results-pipelined"
+      ;;
     algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
     model)
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096,hybrid30m:16:2048
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, algproj, model, algtests)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, pipelined, algproj, model, algtests)"; exit 2 ;;
   esac
 done
 

@@ -43,19 +43,33 @@ Tensor head0_f64(const Tensor& dev) {
   return host.to(DType::F64);
 }
 
-enum class Dq { TwoPass, OnePass };
-const char* dq_name(Dq dq) { return dq == Dq::TwoPass ? "two-pass" : "one-pass"; }
+enum class Dq { TwoPass, OnePass, TwoPassPipelined };
+constexpr Dq kDqModes[] = {Dq::TwoPass, Dq::OnePass, Dq::TwoPassPipelined};  // relation_bench_dq_modes' order
+const char* dq_name(Dq dq) {
+  switch (dq) {
+    case Dq::TwoPass: return "two-pass";
+    case Dq::OnePass: return "one-pass";
+    case Dq::TwoPassPipelined: return "two-pass-pipelined";
+  }
+  return "?";
+}
 
-// The dQ mode for the scope's lifetime; the previous one after.
+// The backward mode for the scope's lifetime; the previous one after.
 class DqMode {
  public:
-  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()) { set_flash_dq_atomics(dq == Dq::OnePass); }
-  ~DqMode() { set_flash_dq_atomics(one_pass_); }
+  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()), pipelined_(flash_dkdv_pipelined()) {
+    set_flash_dq_atomics(dq == Dq::OnePass);
+    set_flash_dkdv_pipelined(dq == Dq::TwoPassPipelined);
+  }
+  ~DqMode() {
+    set_flash_dq_atomics(one_pass_);
+    set_flash_dkdv_pipelined(pipelined_);
+  }
   DqMode(const DqMode&) = delete;
   DqMode& operator=(const DqMode&) = delete;
 
  private:
-  bool one_pass_;
+  bool one_pass_, pipelined_;
 };
 
 struct Variant {
@@ -165,7 +179,7 @@ std::vector<RelationBenchRow> bench_relation_cuda(const RelationBenchOptions& op
   std::vector<Dq> modes;
   for (const std::string& name : options.dq) {
     bool known = false;
-    for (Dq dq : {Dq::TwoPass, Dq::OnePass})
+    for (Dq dq : kDqModes)
       if (name == dq_name(dq)) {
         modes.push_back(dq);
         known = true;

@@ -31,12 +31,14 @@ inline std::vector<RelationBenchShape> relation_bench_paper_shapes() {
   return {{"10M", 64, 1024, 8, 48}, {"30M", 32, 2048, 8, 64}, {"100M", 8, 4096, 8, 80}};
 }
 
-// The dQ modes a run times, by RelationBenchRow::dq's names.
-inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass"}; }
+// The backward modes a run can time, by RelationBenchRow::dq's names: the deterministic two
+// passes (the default), the one-pass dQ (flash_dq_atomics, context.h) and, experimental, the two
+// passes with the pipelined dK/dV pass (flash_dkdv_pipelined).
+inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass", "two-pass-pipelined"}; }
 
 struct RelationBenchOptions {
   std::vector<RelationBenchShape> shapes = relation_bench_paper_shapes();
-  std::vector<std::string> dq = relation_bench_dq_modes();  // a subset, in any order
+  std::vector<std::string> dq = {"two-pass", "one-pass"};  // of relation_bench_dq_modes, in any order
   int runs = 11;    // alternating trials (at least 3)
   int repeat = 5;   // calls per trial and pass
   bool check = true;
@@ -46,7 +48,7 @@ struct RelationBenchRow {
   std::string scale;
   int64_t B = 0, T = 0, H = 0, Dh = 0;
   std::string mixer;  // "flash_relation" or "attention"
-  std::string dq;     // "two-pass" (deterministic, the default) or "one-pass"
+  std::string dq;     // "two-pass" (deterministic, the default), "one-pass" or "two-pass-pipelined"
   double forward_ms = 0, backward_ms = 0, total_ms = 0;
   double tok_s = 0;        // B·T / total
   double rel_error = -1;   // the largest ‖got − ref‖ / ‖ref‖ of the checked head; -1 unchecked

@@ -30,6 +30,14 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
+// The two passes' pipelined dK/dV pass (cuda::flash_dkdv_pipelined) for the scope's lifetime.
+struct PipelinedDkdv {
+  PipelinedDkdv() { cuda::set_flash_dkdv_pipelined(true); }
+  ~PipelinedDkdv() { cuda::set_flash_dkdv_pipelined(false); }
+  PipelinedDkdv(const PipelinedDkdv&) = delete;
+  PipelinedDkdv& operator=(const PipelinedDkdv&) = delete;
+};
+
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {
   Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);

@@ -285,6 +285,15 @@ TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
+// The two passes with the pipelined dK/dV pass (cuda::flash_dkdv_pipelined: the next query
+// tile's score products in flight during this tile's rule step) within the same bounds; it
+// serves head widths that are multiples of 8 below 80, the others keep their passes.
+TEST_P(GpuRelation, PipelinedDkdvMatchesTheCpuReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::PipelinedDkdv pipelined;
+  check_forward_backward(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
 
 // The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
@@ -332,6 +341,12 @@ TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   check_reproducible(64);  // dK/dV by one warpgroup per 64 keys
   check_reproducible(80);  // dK/dV warp-specialized
+}
+
+TEST(GpuRelationDeterminism, PipelinedBackwardIsBitwiseReproducible) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const gpu_testing::PipelinedDkdv pipelined;
+  check_reproducible(64);
 }
 
 struct DecodeCase {
