@@ -5,7 +5,7 @@
 //     allocates (the reference O(T²) per concurrent head, flash O(T)), and every flash result
 //     is checked against the reference.
 //   --device cuda: FlashRelation and quiver's flash attention, forward + backward, at the
-//     Relation paper's op-level scales (cuda/relation_bench.h: every dQ mode, alternating
+//     Relation paper's op-level scales (cuda/relation_bench.h: the backward modes of --dq, alternating
 //     trials, every variant checked on one head against float64), and in the same run the
 //     PyTorch peers of bench/peer_attention.py (SDPA with the FlashAttention backend, the
 //     materialized Relation) when python3 with a CUDA torch is there: the ratios to them.
@@ -346,8 +346,8 @@ void register_bench_relation(CLI::App& bench) {
       "tokens per second, bytes of working arrays, and the flash/reference agreement (with\n"
       "--reference-heads below H, the reference runs on fewer heads at T >= 4096 and says so).\n"
       "CUDA: FlashRelation and flash attention forward + backward, bf16, at the paper's 10M, 30M\n"
-      "and 100M scales (or --shapes), every dQ mode, each checked on one head against float64,\n"
-      "beside PyTorch SDPA (FlashAttention) and the materialized Relation run by --peer.");
+      "and 100M scales (or --shapes), the backward modes of --dq, each checked on one head against\n"
+      "float64, beside PyTorch SDPA (FlashAttention) and the materialized Relation run by --peer.");
   cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--shapes", a->shapes, "cuda: B:T:H:Dh,... (default the paper's three scales)");
   cmd->add_option("--dq", a->dq,
