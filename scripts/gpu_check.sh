@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks of the open performance work, in one go on a machine with an
 # NVIDIA GPU (sm_90a): builds Release into build/ (ninja when present), then runs the steps named
-# on the command line (default: all), each under a time limit, with its full log in OUT_DIR and a
+# on the command line (default: all but ncu), each under a time limit, with its full log in OUT_DIR and a
 # short summary printed last. Benchmark results are written to OUT_DIR/results (copy them to
 # bench/results to record them); every results folder is also packed into OUT_DIR/results.tgz,
 # one file to copy back.
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [algproj] [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [ncu] [algproj] [model] [algtests]
 #
 #   tests     the GPU test suite but the algebraic-projection and the pipelined dK/dV tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
 #             two passes and the warp-specialized dK/dV pass), when compute-sanitizer is installed
-#   relation  quiver bench relation --device cuda (FlashRelation and attention in every dQ mode,
-#             with the PyTorch peer when python3 has a CUDA torch)
+#   relation  quiver bench relation --device cuda (FlashRelation and attention, the two passes and
+#             the one-pass dQ, with the PyTorch peer when python3 has a CUDA torch)
 #   pipelined the two passes' pipelined dK/dV pass (QUIVER_FLASH_DKDV=pipelined, experimental): its
 #             GPU tests, memcheck on two of them, then bench relation timing it beside the two
 #             passes in alternating trials (results in OUT_DIR/results-pipelined)
+#   ncu       Nsight Compute on the flash kernels at the 30M shape (FlashRelation's and attention's
+#             forward, dK/dV and dQ passes, the defaults): speed of light, warp states and
+#             occupancy in OUT_DIR/ncu-sections.log, pipe use and instruction counts in
+#             OUT_DIR/ncu-metrics.log, and a summary of both
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
 #   model     quiver bench model --device cuda: the Relation, MHA and hybrid presets' training tok/s
 #   algtests  the algebraic-projection GPU tests (a few minutes)
@@ -23,7 +27,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,18p' "$0"
+  sed -n '2,/^# Environment/p' "$0"
   exit 2
 fi
 out="$1"
@@ -88,12 +92,30 @@ for step in "${steps[@]}"; do
       run pipelined "$Q" bench relation --device cuda --dq two-pass,two-pass-pipelined \
         --results-dir "$out/results-pipelined"
       ;;
+    ncu)
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
+      if [ -z "$ncu_bin" ]; then
+        summary+=("ncu: skipped (no ncu)")
+      else
+        app=("$Q" bench relation --device cuda --shapes 32:2048:8:64 --peer none --runs 3 --dq two-pass
+             --results-dir "$out/results-ncu")
+        kernels='regex:forward_kernel|dkdv_wgmma_kernel|dkdv_pipelined_kernel|dq_wgmma_kernel'
+        run ncu-sections "$ncu_bin" --clock-control none -k "$kernels" -c 6 --section SpeedOfLight \
+          --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+          --section Occupancy --section LaunchStats --print-details all "${app[@]}"
+        run ncu-metrics "$ncu_bin" --clock-control none -k "$kernels" -c 6 --metrics \
+          smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active \
+          "${app[@]}"
+        grep -hE '^  [a-z].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|pipe_|inst_executed.sum' \
+          "$out/ncu-sections.log" "$out/ncu-metrics.log" | cut -c1-160
+      fi
+      ;;
     algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
     model)
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096,hybrid30m:16:2048
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, pipelined, algproj, model, algtests)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, pipelined, ncu, algproj, model, algtests)"; exit 2 ;;
   esac
 done
 
