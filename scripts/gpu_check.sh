@@ -8,16 +8,18 @@
 #
 #   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [ncu] [algproj] [model] [algtests]
 #
-#   tests     the GPU test suite but the algebraic-projection and the pipelined dK/dV tests
+#   tests     the GPU test suite but the algebraic-projection and the pipelined-backward tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
 #             two passes and the warp-specialized dK/dV pass), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention, the two passes and
 #             the one-pass dQ, with the PyTorch peer when python3 has a CUDA torch)
-#   pipelined the two passes' pipelined dK/dV pass (QUIVER_FLASH_DKDV=pipelined, experimental): its
-#             GPU tests, memcheck on two of them, then bench relation timing it beside the two
-#             passes in alternating trials (results in OUT_DIR/results-pipelined)
+#   pipelined the backward's pipelined dK/dV and dQ passes (QUIVER_FLASH_BACKWARD=pipelined,
+#             experimental): their GPU tests, memcheck on two of them, then bench relation timing
+#             them beside the two passes in alternating trials (results in
+#             OUT_DIR/results-pipelined)
 #   ncu       Nsight Compute on the flash kernels at the 30M shape (FlashRelation's and attention's
-#             forward, dK/dV and dQ passes, the defaults): speed of light, warp states and
+#             forward, dK/dV and dQ passes, then the same with the pipelined backward; the first
+#             12 launches of bench relation's warm-up): speed of light, warp states and
 #             occupancy in OUT_DIR/ncu-sections.log, pipe use and instruction counts in
 #             OUT_DIR/ncu-metrics.log, and a summary of both
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
@@ -87,7 +89,7 @@ for step in "${steps[@]}"; do
     pipelined)
       run pipelined-tests "$tests" --gtest_filter='*Pipelined*'
       [ -x "$cs" ] && run pipelined-memcheck "$cs" --tool memcheck "$tests" \
-        --gtest_filter='Shapes/GpuRelation.PipelinedDkdv*/4:Shapes/GpuAttention.PipelinedDkdv*/1'
+        --gtest_filter='Shapes/GpuRelation.PipelinedBackward*/4:Shapes/GpuAttention.PipelinedBackward*/1'
       mkdir -p "$out/results-pipelined"
       run pipelined "$Q" bench relation --device cuda --dq two-pass,two-pass-pipelined \
         --results-dir "$out/results-pipelined"
@@ -97,13 +99,13 @@ for step in "${steps[@]}"; do
       if [ -z "$ncu_bin" ]; then
         summary+=("ncu: skipped (no ncu)")
       else
-        app=("$Q" bench relation --device cuda --shapes 32:2048:8:64 --peer none --runs 3 --dq two-pass
-             --results-dir "$out/results-ncu")
-        kernels='regex:forward_kernel|dkdv_wgmma_kernel|dkdv_pipelined_kernel|dq_wgmma_kernel'
-        run ncu-sections "$ncu_bin" --clock-control none -k "$kernels" -c 6 --section SpeedOfLight \
+        app=("$Q" bench relation --device cuda --shapes 32:2048:8:64 --peer none --runs 3
+             --dq two-pass,two-pass-pipelined --results-dir "$out/results-ncu")
+        kernels='regex:forward_kernel|dkdv_wgmma_kernel|dkdv_pipelined_kernel|dq_wgmma_kernel|dq_pipelined_kernel'
+        run ncu-sections "$ncu_bin" --clock-control none -k "$kernels" -c 12 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
           --section Occupancy --section LaunchStats --print-details all "${app[@]}"
-        run ncu-metrics "$ncu_bin" --clock-control none -k "$kernels" -c 6 --metrics \
+        run ncu-metrics "$ncu_bin" --clock-control none -k "$kernels" -c 12 --metrics \
           smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active \
           "${app[@]}"
         grep -hE '^  [a-z].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|pipe_|inst_executed.sum' \

@@ -1132,7 +1132,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key, warp);
 }
 
-// ---- The pipelined dK/dV (opt-in: flash_dkdv_pipelined, context.h) ------------------------------
+// ---- The pipelined dK/dV (opt-in: flash_backward_pipelined, context.h) ---------------------------
 // dkdv_wgmma_kernel's grid, loop, rule step and products with the next query tile's score
 // products in flight during this tile's rule step (FlashAttention-3's overlap within a
 // warpgroup): iteration it issues S^T and dP^T of tile it + 1 into the second set of
@@ -1423,6 +1423,33 @@ __device__ __forceinline__ void query_tile_grads(const Rule& rule, float (&s)[kT
     }
 }
 
+// The same rule step with dS written straight into bf16 A fragments dsa (pack_a's order)
+// instead of over dp, which stays unwritten (as key_tile_grads_packed, for the pipelined dQ
+// pass).
+template <class Rule>
+__device__ __forceinline__ void query_tile_grads_packed(const Rule& rule, const float (&s)[kTile / 8][4],
+                                                        const float (&dp)[kTile / 8][4], uint32_t (&dsa)[kTile / 16][4],
+                                                        const float (&norm2)[2], const float (&delta)[2],
+                                                        bool diagonal, int64_t j0, const int64_t (&row)[2],
+                                                        int64_t T) {
+  const int tig = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < kTile / 8; ++nt) {
+    float ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e / 2;
+      ds[e] = rule.grad(s[nt][e], norm2[half], dp[nt][e], delta[half]).ds;
+      if (diagonal) {
+        const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
+        if (!(j < T && row[half] < T && rule.visible(row[half], j))) ds[e] = 0.0f;
+      }
+    }
+    dsa[nt / 2][nt % 2 * 2] = pack_bf16(ds[0], ds[1]);
+    dsa[nt / 2][nt % 2 * 2 + 1] = pack_bf16(ds[2], ds[3]);
+  }
+}
+
 // The dQ passes' end for a warp's query rows: the Self row term (kSelf rules), then dq scaled,
 // staged through the warp's own rows of the query tile qs and stored.
 template <int kPadded, bool kSwizzled, class Rule>
@@ -1623,6 +1650,107 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   finish_query_rows<kPadded, true>(a, rule, dq, qs, p0, row);
 }
 
+// The pipelined dQ pass (opt-in: flash_backward_pipelined, context.h): dq_wgmma_kernel's grid,
+// loop, rule step and products with the next key tile's S and dP products in flight during this
+// tile's rule step, as dkdv_pipelined_kernel does for dK/dV; the key and value tiles by TMA into
+// a ring of kPipeStages stages, refilled by thread 0 after an iteration's closing barrier. Not
+// yet run on a GPU.
+template <int kPadded>
+constexpr size_t dq_pipelined_smem() {
+  return sizeof(uint16_t) * (2 + 2 * kPipeStages) * kSwizzledTile<kPadded> + (kPipeStages + 1) * sizeof(uint64_t) +
+         1024;
+}
+
+template <int kPadded, class Rule>
+__global__ void __launch_bounds__(kThreads, 2)
+    dq_pipelined_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
+  static_assert(kPadded <= kWgmmaBackwardWidth, "the wgmma backward takes head widths up to 96");
+  constexpr int kDTiles = kPadded / 8;
+  constexpr int kKeyTiles = kTile / 8;
+  constexpr int kT = kSwizzledTile<kPadded>;
+  using Panels = wgmma::Panels<kPadded>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // query tile; dq staging
+  uint16_t* dys = qs + kT;                               // dy tile
+  uint16_t* ks = dys + kT;                               // kPipeStages key tiles
+  uint16_t* vs = ks + kPipeStages * kT;                  // kPipeStages value tiles
+  uint64_t* full = reinterpret_cast<uint64_t*>(vs + kPipeStages * kT);  // one per stage
+  uint64_t* q_full = full + kPipeStages;
+
+  const Dims& d = a.dims;
+  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
+  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
+  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
+  const int wrow = warp * kWarpRows;
+  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
+  const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
+  auto stage_of = [](int kt) { return kt % kPipeStages; };
+  auto load = [&](int kt) {  // thread 0: key tile kt's key and value rows into its stage
+    const int s = stage_of(kt);
+    tma_tile_pair<kPadded>(&full[s], ks + s * kT, &maps.k, vs + s * kT, &maps.v, g, static_cast<int64_t>(kt) * kTile,
+                           b);
+  };
+  auto wait_tile = [&](int kt) { tma::wait(&full[stage_of(kt)], static_cast<uint32_t>((kt / kPipeStages) & 1)); };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kPipeStages; ++s) tma::init(&full[s], 1);
+    tma::init(q_full, 1);
+    tma::fence_init();
+    tma_tile_pair<kPadded>(q_full, qs, &maps.q, dys, &maps.dy, h, p0, b);
+    for (int kt = 0; kt < kPipeStages && kt < n_kt; ++kt) load(kt);
+  }
+  __syncthreads();  // the barriers are initialized before anyone waits on them
+  float norm2[2], delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const bool valid = row[half] < T;
+    const int64_t r = (b * d.Hq + h) * T + row[half];
+    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
+    delta[half] = valid ? a.delta[r] : 0.0f;
+  }
+
+  float dq[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+  auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
+  // Two sets of S and dP accumulators, for key tile kt and kt + 1 in turn.
+  float s0[kKeyTiles][4], dp0[kKeyTiles][4], s1[kKeyTiles][4], dp1[kKeyTiles][4];
+
+  tma::wait(q_full, 0);
+  wait_tile(0);
+  two_products_wgmma<kPadded>(s0, qs, ks, dp0, dys, vs);
+
+  // Iteration kt: sc, dpc hold key tile kt's products on entry; tile kt + 1's go into sn, dpn.
+  auto step = [&](int kt, float(&sc)[kKeyTiles][4], float(&dpc)[kKeyTiles][4], float(&sn)[kKeyTiles][4],
+                  float(&dpn)[kKeyTiles][4]) {
+    const int st = stage_of(kt);
+    if (kt + 1 < n_kt) {
+      const int next = stage_of(kt + 1);
+      wait_tile(kt + 1);
+      issue_two_products<kPadded>(sn, qs, ks + next * kT, dpn, dys, vs + next * kT);
+    }
+    uint32_t dsa[kKeyTiles / 2][4];
+    query_tile_grads_packed(rule, sc, dpc, dsa, norm2, delta, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row,
+                            T);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk)  // k = key rows 16 kk .. of K (MN-major)
+      wgmma::mma<kPadded, 1>(dq_flat, dsa[kk], Panels::mn_major(ks + st * kT, kk * 16), true);
+    wgmma::commit();
+    wgmma::wait<0>();
+    __syncthreads();  // stage st is read by nobody any more
+    if (threadIdx.x == 0 && kt + kPipeStages < n_kt) load(kt + kPipeStages);
+  };
+  for (int kt = 0; kt < n_kt; kt += 2) {
+    step(kt, s0, dp0, s1, dp1);
+    if (kt + 1 < n_kt) step(kt + 1, s1, dp1, s0, dp0);
+  }
+
+  finish_query_rows<kPadded, true>(a, rule, dq, qs, p0, row);
+}
+
 // The one-pass dQ's rounding: dq = scale · (the fp32 sums + the Self row term), one warp per row
 // of [B, T, Hq, Dh], as the dQ pass's epilogue computes it.
 template <int kPadded, class Rule>
@@ -1760,7 +1888,7 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
     }
     if (ws) {
       dkdv_ws(std::false_type{});
-    } else if (kPadded < kWsTwoPassWidth && tma && flash_dkdv_pipelined()) {
+    } else if (kPadded < kWsTwoPassWidth && tma && flash_backward_pipelined()) {
       if constexpr (kPadded < kWsTwoPassWidth) {
         auto dkdv = dkdv_pipelined_kernel<kPadded, Rule>;
         constexpr size_t bytes = dkdv_pipelined_smem<kPadded>();
@@ -1775,6 +1903,14 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       allow_smem(dkdv, bytes);
       dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, maps);
       QV_CUDA_CHECK(cudaGetLastError());
+    }
+    if (tma && flash_backward_pipelined()) {
+      auto dq = dq_pipelined_kernel<kPadded, Rule>;
+      constexpr size_t dq_bytes = dq_pipelined_smem<kPadded>();
+      allow_smem(dq, dq_bytes);
+      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, maps);
+      QV_CUDA_CHECK(cudaGetLastError());
+      return;
     }
     auto dq = tma ? dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, true>
                   : dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, false>;

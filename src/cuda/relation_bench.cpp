@@ -57,13 +57,13 @@ const char* dq_name(Dq dq) {
 // The backward mode for the scope's lifetime; the previous one after.
 class DqMode {
  public:
-  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()), pipelined_(flash_dkdv_pipelined()) {
+  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()), pipelined_(flash_backward_pipelined()) {
     set_flash_dq_atomics(dq == Dq::OnePass);
-    set_flash_dkdv_pipelined(dq == Dq::TwoPassPipelined);
+    set_flash_backward_pipelined(dq == Dq::TwoPassPipelined);
   }
   ~DqMode() {
     set_flash_dq_atomics(one_pass_);
-    set_flash_dkdv_pipelined(pipelined_);
+    set_flash_backward_pipelined(pipelined_);
   }
   DqMode(const DqMode&) = delete;
   DqMode& operator=(const DqMode&) = delete;

@@ -33,7 +33,7 @@ inline std::vector<RelationBenchShape> relation_bench_paper_shapes() {
 
 // The backward modes a run can time, by RelationBenchRow::dq's names: the deterministic two
 // passes (the default), the one-pass dQ (flash_dq_atomics, context.h) and, experimental, the two
-// passes with the pipelined dK/dV pass (flash_dkdv_pipelined).
+// passes by the pipelined kernels (flash_backward_pipelined).
 inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass", "two-pass-pipelined"}; }
 
 struct RelationBenchOptions {

@@ -30,12 +30,12 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
-// The two passes' pipelined dK/dV pass (cuda::flash_dkdv_pipelined) for the scope's lifetime.
-struct PipelinedDkdv {
-  PipelinedDkdv() { cuda::set_flash_dkdv_pipelined(true); }
-  ~PipelinedDkdv() { cuda::set_flash_dkdv_pipelined(false); }
-  PipelinedDkdv(const PipelinedDkdv&) = delete;
-  PipelinedDkdv& operator=(const PipelinedDkdv&) = delete;
+// The flash backward's pipelined passes (cuda::flash_backward_pipelined) for the scope's lifetime.
+struct PipelinedBackward {
+  PipelinedBackward() { cuda::set_flash_backward_pipelined(true); }
+  ~PipelinedBackward() { cuda::set_flash_backward_pipelined(false); }
+  PipelinedBackward(const PipelinedBackward&) = delete;
+  PipelinedBackward& operator=(const PipelinedBackward&) = delete;
 };
 
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.

@@ -128,12 +128,12 @@ TEST_P(GpuAttention, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The two passes with the pipelined dK/dV pass (cuda::flash_dkdv_pipelined: the next query
-// tile's score products in flight during this tile's rule step) within the same bounds; it
-// serves head widths that are multiples of 8 below 80, the others keep their passes.
-TEST_P(GpuAttention, PipelinedDkdvMatchesTheCpuReference) {
+// The two passes by the pipelined kernels (cuda::flash_backward_pipelined: the next tile's
+// score products in flight during this tile's rule step) within the same bounds: dQ at head
+// widths that are multiples of 8, dK/dV at those below 80; the others keep their passes.
+TEST_P(GpuAttention, PipelinedBackwardMatchesTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::PipelinedDkdv pipelined;
+  const gpu_testing::PipelinedBackward pipelined;
   check_forward_backward(GetParam());
 }
 
@@ -170,7 +170,7 @@ TEST(GpuAttentionDeterminism, BackwardIsBitwiseReproducible) {
 
 TEST(GpuAttentionDeterminism, PipelinedBackwardIsBitwiseReproducible) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::PipelinedDkdv pipelined;
+  const gpu_testing::PipelinedBackward pipelined;
   check_reproducible(64);
 }
 
