@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks of the open performance work, in one go on a machine with an
 # NVIDIA GPU (sm_90a): builds Release into build/ (ninja when present), then runs the steps named
-# on the command line (default: all but ncu), each under a time limit, with its full log in OUT_DIR and a
+# on the command line (default: all but ncu and ncu-algproj), each under a time limit, with its full log in OUT_DIR and a
 # short summary printed last. Benchmark results are written to OUT_DIR/results (copy them to
 # bench/results to record them); every results folder is also packed into OUT_DIR/results.tgz,
 # one file to copy back.
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [ncu] [algproj] [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [ncu] [algproj] [ncu-algproj]
+#                        [model] [algtests]
 #
 #   tests     the GPU test suite but the algebraic-projection and the pipelined-backward tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
@@ -23,9 +24,13 @@
 #             occupancy in OUT_DIR/ncu-sections.log, pipe use and instruction counts in
 #             OUT_DIR/ncu-metrics.log, and a summary of both
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
+#   ncu-algproj  Nsight Compute on the algebraic-projection forward chosen by calibration for one
+#             Table 1 row at M = 2048 (ALGPROJ_MODEL, default Qwen3-8B): calibrated first without
+#             the profiler (its kernel cache in OUT_DIR/ncu-kernel-cache), then the timed runs'
+#             first launches profiled, in OUT_DIR/ncu-algproj.log
 #   model     quiver bench model --device cuda: the Relation, MHA and hybrid presets' training tok/s
 #   algtests  the algebraic-projection GPU tests (a few minutes)
-# Environment: LIMIT (seconds per step, default 540).
+# Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL (ncu-algproj's row).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -113,11 +118,28 @@ for step in "${steps[@]}"; do
       fi
       ;;
     algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
+    ncu-algproj)
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
+      if [ -z "$ncu_bin" ]; then
+        summary+=("ncu-algproj: skipped (no ncu)")
+      else
+        app=("$Q" bench algproj --device cuda --paper-q --model "${ALGPROJ_MODEL:-Qwen3-8B}" --m-list 2048
+             --no-backward --quick --results-dir "$out/results-ncu-algproj")
+        mkdir -p "$out/ncu-kernel-cache"
+        QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj-calibrate "${app[@]}"
+        QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj "$ncu_bin" --clock-control none \
+          -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel)' -c 3 --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+          --print-details all "${app[@]}"
+        grep -hE '^  [a-z].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued' \
+          "$out/ncu-algproj.log" | cut -c1-160
+      fi
+      ;;
     model)
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096,hybrid30m:16:2048
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, pipelined, ncu, algproj, model, algtests)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, pipelined, ncu, algproj, ncu-algproj, model, algtests)"; exit 2 ;;
   esac
 done
 
