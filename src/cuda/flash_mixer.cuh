@@ -1481,6 +1481,21 @@ __device__ __forceinline__ void finish_query_rows(const BackwardIo& a, const Rul
   store_rows<kPadded, kSwizzled>(a.dq + (b * T * d.Hq + h) * Dh, p0 + wrow, T, q_stride, Dh, vec, qs, wrow);
 }
 
+// The dQ passes' row terms of a thread's query rows row[0], row[1] of head h in batch b: the
+// base-2 normalizer (+inf past T, so P = 0 there) and D.
+template <class Rule>
+__device__ __forceinline__ void query_row_terms(const BackwardIo& a, const Rule& rule, const int64_t (&row)[2],
+                                                int64_t h, int64_t b, float (&norm2)[2], float (&delta)[2]) {
+  const Dims& d = a.dims;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const bool valid = row[half] < d.T;
+    const int64_t r = (b * d.Hq + h) * d.T + row[half];
+    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
+    delta[half] = valid ? a.delta[r] : 0.0f;
+  }
+}
+
 // dQ. Grid (query tiles, Hq, B); tiles run heaviest first.
 // dq_p = scale · Σ_j dS_pj k_j (plus the Self row term).
 template <int kPadded, class Rule>
@@ -1515,15 +1530,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
   load_tile<kTile, kPadded>(ks, kb, 0, T, kv_stride, Dh, vec);
   load_tile<kTile, kPadded>(vs, vb, 0, T, kv_stride, Dh, vec);
   cp_async_commit();
-  // The normalizer (+inf past T, so P = 0 there) and D of the thread's two rows.
   float norm2[2], delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const bool valid = row[half] < T;
-    const int64_t r = (b * d.Hq + h) * T + row[half];
-    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
-    delta[half] = valid ? a.delta[r] : 0.0f;
-  }
+  query_row_terms(a, rule, row, h, b, norm2, delta);
 
   float dq[kDTiles][4];
 #pragma unroll
@@ -1604,13 +1612,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();
   }
   float norm2[2], delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const bool valid = row[half] < T;
-    const int64_t r = (b * d.Hq + h) * T + row[half];
-    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
-    delta[half] = valid ? a.delta[r] : 0.0f;
-  }
+  query_row_terms(a, rule, row, h, b, norm2, delta);
 
   float dq[kDTiles][4];
 #pragma unroll
@@ -1703,13 +1705,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
   float norm2[2], delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const bool valid = row[half] < T;
-    const int64_t r = (b * d.Hq + h) * T + row[half];
-    norm2[half] = valid ? rule.row_norm2(r) : INFINITY;
-    delta[half] = valid ? a.delta[r] : 0.0f;
-  }
+  query_row_terms(a, rule, row, h, b, norm2, delta);
 
   float dq[kDTiles][4];
 #pragma unroll
