@@ -66,7 +66,6 @@ void set_flash_dq_atomics(bool on);
 bool flash_backward_pipelined();
 void set_flash_backward_pipelined(bool on);
 
-
 }  // namespace quiver::cuda
 
 #define QV_CUBLAS_CHECK(call)                                                               \
