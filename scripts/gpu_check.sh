@@ -6,23 +6,18 @@
 # bench/results to record them); every results folder is also packed into OUT_DIR/results.tgz,
 # one file to copy back.
 #
-#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [pipelined] [ncu] [algproj] [ncu-algproj]
-#                        [model] [algtests]
+#   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [ncu] [algproj] [ncu-algproj] [model]
+#                        [algtests]
 #
-#   tests     the GPU test suite but the algebraic-projection and the pipelined-backward tests
+#   tests     the GPU test suite but the algebraic-projection tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
 #             two passes and the warp-specialized dK/dV pass), when compute-sanitizer is installed
 #   relation  quiver bench relation --device cuda (FlashRelation and attention, the two passes and
 #             the one-pass dQ, with the PyTorch peer when python3 has a CUDA torch)
-#   pipelined the backward's pipelined dK/dV and dQ passes (QUIVER_FLASH_BACKWARD=pipelined,
-#             experimental): their GPU tests, memcheck on two of them, then bench relation timing
-#             them beside the two passes in alternating trials (results in
-#             OUT_DIR/results-pipelined)
 #   ncu       Nsight Compute on the flash kernels at the 30M shape (FlashRelation's and attention's
-#             forward, dK/dV and dQ passes, then the same with the pipelined backward; the first
-#             12 launches of bench relation's warm-up): speed of light, warp states and
-#             occupancy in OUT_DIR/ncu-sections.log, pipe use and instruction counts in
-#             OUT_DIR/ncu-metrics.log, and a summary of both
+#             forward, dK/dV and dQ passes, the defaults; the first 6 launches of bench relation's
+#             warm-up): speed of light, warp states and occupancy in OUT_DIR/ncu-sections.log, pipe
+#             use and instruction counts in OUT_DIR/ncu-metrics.log, and a summary of both
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
 #   ncu-algproj  Nsight Compute on the algebraic-projection forward chosen by calibration for one
 #             Table 1 row at M = 2048 (ALGPROJ_MODEL, default Qwen3-8B): calibrated first without
@@ -40,7 +35,7 @@ fi
 out="$1"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation pipelined algproj model algtests)
+[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation algproj model algtests)
 limit="${LIMIT:-540}"
 mkdir -p "$out/results"
 summary=()
@@ -78,7 +73,7 @@ run() {
 
 for step in "${steps[@]}"; do
   case "$step" in
-    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*:*Pipelined*' ;;
+    tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*' ;;
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
     memcheck)
       # Relation cases 4 and 13: widths 64 and 48 (one-pass dQ, and two passes for case 4); case 5:
@@ -91,26 +86,18 @@ for step in "${steps[@]}"; do
       fi
       ;;
     relation) run relation "$Q" bench relation --device cuda --results-dir "$out/results" ;;
-    pipelined)
-      run pipelined-tests "$tests" --gtest_filter='*Pipelined*'
-      [ -x "$cs" ] && run pipelined-memcheck "$cs" --tool memcheck "$tests" \
-        --gtest_filter='Shapes/GpuRelation.PipelinedBackward*/4:Shapes/GpuAttention.PipelinedBackward*/1'
-      mkdir -p "$out/results-pipelined"
-      run pipelined "$Q" bench relation --device cuda --dq two-pass,two-pass-pipelined \
-        --results-dir "$out/results-pipelined"
-      ;;
     ncu)
       ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
       if [ -z "$ncu_bin" ]; then
         summary+=("ncu: skipped (no ncu)")
       else
-        app=("$Q" bench relation --device cuda --shapes 32:2048:8:64 --peer none --runs 3
-             --dq two-pass,two-pass-pipelined --results-dir "$out/results-ncu")
-        kernels='regex:forward_kernel|dkdv_wgmma_kernel|dkdv_pipelined_kernel|dq_wgmma_kernel|dq_pipelined_kernel'
-        run ncu-sections "$ncu_bin" --clock-control none -k "$kernels" -c 12 --section SpeedOfLight \
+        app=("$Q" bench relation --device cuda --shapes 32:2048:8:64 --peer none --runs 3 --dq two-pass
+             --results-dir "$out/results-ncu")
+        kernels='regex:forward_kernel|dkdv_wgmma_kernel|dq_wgmma_kernel'
+        run ncu-sections "$ncu_bin" --clock-control none -k "$kernels" -c 6 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
           --section Occupancy --section LaunchStats --print-details all "${app[@]}"
-        run ncu-metrics "$ncu_bin" --clock-control none -k "$kernels" -c 12 --metrics \
+        run ncu-metrics "$ncu_bin" --clock-control none -k "$kernels" -c 6 --metrics \
           smsp__inst_executed.sum,sm__cycles_elapsed.avg,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active \
           "${app[@]}"
         grep -hE '^  [a-z].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|pipe_|inst_executed.sum' \
@@ -139,7 +126,7 @@ for step in "${steps[@]}"; do
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096,hybrid30m:16:2048
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, pipelined, ncu, algproj, ncu-algproj, model, algtests)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algtests)"; exit 2 ;;
   esac
 done
 

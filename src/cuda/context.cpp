@@ -55,17 +55,10 @@ std::atomic<bool>& flash_dq_atomics_flag() {
   static std::atomic<bool> on{env_is("QUIVER_FLASH_DQ", "atomic")};
   return on;
 }
-std::atomic<bool>& flash_backward_pipelined_flag() {
-  static std::atomic<bool> on{env_is("QUIVER_FLASH_BACKWARD", "pipelined")};
-  return on;
-}
 }  // namespace
 
 bool flash_dq_atomics() { return flash_dq_atomics_flag().load(); }
 void set_flash_dq_atomics(bool on) { flash_dq_atomics_flag().store(on); }
-
-bool flash_backward_pipelined() { return flash_backward_pipelined_flag().load(); }
-void set_flash_backward_pipelined(bool on) { flash_backward_pipelined_flag().store(on); }
 
 Context& context() {
   static std::mutex mutex;

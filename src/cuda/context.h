@@ -57,15 +57,6 @@ Context& context();
 bool flash_dq_atomics();
 void set_flash_dq_atomics(bool on);
 
-// The two passes of the flash backward by the pipelined kernels (flash_mixer.cuh:
-// dkdv_pipelined_kernel and dq_pipelined_kernel, the next tile's score products in flight during
-// this tile's score rule) where the one-warpgroup passes would run with TMA loads: dQ at head
-// widths that are multiples of 8 up to 96, dK/dV at those below kWsTwoPassWidth (80).
-// Experimental, not yet run on a GPU. Starts from QUIVER_FLASH_BACKWARD=pipelined (anything
-// else: off).
-bool flash_backward_pipelined();
-void set_flash_backward_pipelined(bool on);
-
 }  // namespace quiver::cuda
 
 #define QV_CUBLAS_CHECK(call)                                                               \

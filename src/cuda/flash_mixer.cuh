@@ -681,40 +681,6 @@ __device__ __forceinline__ void key_tile_grads(const Rule& rule, float (&st)[kQu
     }
 }
 
-// The same rule step with P^T and dS^T written straight into bf16 A fragments pa, dsa (pack_a's
-// order) instead of over st and dpt, which stay unwritten (the pipelined dK/dV pass keeps other
-// accumulators in flight meanwhile, and ptxas serializes the wgmma when accumulator registers
-// are written then). Written apart from key_tile_grads so that the measured kernels' code stays
-// as it was; with it, dkdv_wgmma_kernel took fewer registers at widths 48 and 80 (ptxas).
-template <int kQueryTiles, class Rule>
-__device__ __forceinline__ void key_tile_grads_packed(const Rule& rule, const float (&st)[kQueryTiles][4],
-                                                      const float (&dpt)[kQueryTiles][4],
-                                                      uint32_t (&pa)[kQueryTiles / 2][4],
-                                                      uint32_t (&dsa)[kQueryTiles / 2][4], const float* norm_t,
-                                                      const float* delta_t, int64_t p0, int64_t j0,
-                                                      const int64_t (&key)[2], int64_t T) {
-  const int tig = threadIdx.x % 4;
-  const bool masked = p0 < j0 + kTile;
-#pragma unroll
-  for (int nt = 0; nt < kQueryTiles; ++nt) {
-    ScoreGrad sg[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = nt * 8 + 2 * tig + (e & 1);
-      sg[e] = rule.grad(st[nt][e], norm_t[c], dpt[nt][e], delta_t[c]);
-      if (masked) {
-        const int64_t p = p0 + c, j = key[e / 2];
-        if (!(j < T && p < T && rule.visible(p, j))) sg[e] = ScoreGrad{0.0f, 0.0f};
-      }
-    }
-    const int kk = nt / 2, r = nt % 2 * 2;
-    pa[kk][r] = pack_bf16(sg[0].prob, sg[1].prob);
-    pa[kk][r + 1] = pack_bf16(sg[2].prob, sg[3].prob);
-    dsa[kk][r] = pack_bf16(sg[0].ds, sg[1].ds);
-    dsa[kk][r + 1] = pack_bf16(sg[2].ds, sg[3].ds);
-  }
-}
-
 // The dK/dV passes' end for a warp's key rows: the Self row terms (kSelf rules), then dk (scaled)
 // and dv staged through the warp's own rows of the key and value tiles ks, vs (the 64-row tiles
 // starting at key j0; `warp` the warp's index in its warpgroup) and stored.
@@ -893,11 +859,10 @@ inline constexpr int kDkdvMinBlocks = kPadded == 48 || kPadded == 64 ? 3 : 0;
 template <int kPadded>
 inline constexpr int kDqMinBlocks = kPadded == 48 || kPadded == 64 ? 4 : 0;
 
-// The wgmma backward's two score products over the head width, from zero, issued as one group
-// and not waited for: acc = A · B^T and acc2 = A2 · B2^T for the swizzled 64-row tiles a, b,
-// a2, b2 (all K-major).
+// The wgmma backward's two score products over the head width, from zero, waited for: acc =
+// A · B^T and acc2 = A2 · B2^T for the swizzled 64-row tiles a, b, a2, b2 (all K-major).
 template <int kPadded>
-__device__ __forceinline__ void issue_two_products(float (&acc)[kTile / 8][4], const uint16_t* a, const uint16_t* b,
+__device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], const uint16_t* a, const uint16_t* b,
                                                    float (&acc2)[kTile / 8][4], const uint16_t* a2,
                                                    const uint16_t* b2) {
   using Panels = wgmma::Panels<kPadded>;
@@ -914,26 +879,23 @@ __device__ __forceinline__ void issue_two_products(float (&acc)[kTile / 8][4], c
     wgmma::mma<kTile, 0, 0>(flat2, Panels::k_major(a2, kc * 16), Panels::k_major(b2, kc * 16), kc > 0);
   }
   wgmma::commit();
-}
-
-// The same, waited for.
-template <int kPadded>
-__device__ __forceinline__ void two_products_wgmma(float (&acc)[kTile / 8][4], const uint16_t* a, const uint16_t* b,
-                                                   float (&acc2)[kTile / 8][4], const uint16_t* a2,
-                                                   const uint16_t* b2) {
-  issue_two_products<kPadded>(acc, a, b, acc2, a2, b2);
   wgmma::wait<0>();
 }
 
-// The two-pass dK/dV products of one query tile: dV += P^T dY and dK += dS^T Q, with P^T and
-// dS^T as A fragments pa, dsa from registers (a warp's 16 key rows; untouched until the group
-// completes), dY and Q MN-major; issued as one group and not waited for.
+// The two-pass dK/dV step after the rule step (st = P^T, dpt = dS^T, a warp's 16 key rows):
+// dV += P^T dY and dK += dS^T Q, P^T and dS^T as A fragments from registers, dY and Q
+// MN-major; waited for, so the query and dY tiles may be refilled on return.
 template <int kPadded>
-__device__ __forceinline__ void issue_key_grad_products(const uint32_t (&pa)[kTile / 16][4],
-                                                        const uint32_t (&dsa)[kTile / 16][4],
-                                                        float (&dk_flat)[kPadded / 2], float (&dv_flat)[kPadded / 2],
-                                                        const uint16_t* qst, const uint16_t* dyst) {
+__device__ __forceinline__ void two_pass_products(const float (&st)[kTile / 8][4], const float (&dpt)[kTile / 8][4],
+                                                  float (&dk_flat)[kPadded / 2], float (&dv_flat)[kPadded / 2],
+                                                  const uint16_t* qst, const uint16_t* dyst) {
   using Panels = wgmma::Panels<kPadded>;
+  uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    pack_a(pa[kk], st, kk);
+    pack_a(dsa[kk], dpt, kk);
+  }
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {  // k = query rows 16 kk .. of dO and Q (MN-major)
@@ -941,21 +903,6 @@ __device__ __forceinline__ void issue_key_grad_products(const uint32_t (&pa)[kTi
     wgmma::mma<kPadded, 1>(dk_flat, dsa[kk], Panels::mn_major(qst, kk * 16), true);
   }
   wgmma::commit();
-}
-
-// The two-pass dK/dV step after the rule step (st = P^T, dpt = dS^T, a warp's 16 key rows), the
-// products above waited for, so the query and dY tiles may be refilled on return.
-template <int kPadded>
-__device__ __forceinline__ void two_pass_products(const float (&st)[kTile / 8][4], const float (&dpt)[kTile / 8][4],
-                                                  float (&dk_flat)[kPadded / 2], float (&dv_flat)[kPadded / 2],
-                                                  const uint16_t* qst, const uint16_t* dyst) {
-  uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    pack_a(pa[kk], st, kk);
-    pack_a(dsa[kk], dpt, kk);
-  }
-  issue_key_grad_products<kPadded>(pa, dsa, dk_flat, dv_flat, qst, dyst);
   wgmma::wait<0>();
 }
 
@@ -1127,118 +1074,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       delta_s[(stage ^ 1) * kTile + threadIdx.x] = delta_next;
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
-  }
-
-  finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key, warp);
-}
-
-// ---- The pipelined dK/dV (opt-in: flash_backward_pipelined, context.h) ---------------------------
-// dkdv_wgmma_kernel's grid, loop, rule step and products with the next query tile's score
-// products in flight during this tile's rule step (FlashAttention-3's overlap within a
-// warpgroup): iteration it issues S^T and dP^T of tile it + 1 into the second set of
-// accumulators, runs the rule on tile it's, issues dV and dK of tile it, and waits for both
-// groups, so the tensor cores work while the warps compute the rule. The query and dY tiles come
-// by TMA (head widths that are multiples of 8) into a ring of kPipeStages stages, so tile it + 1
-// has been on its way since iteration it − 2; after an iteration's closing barrier thread 0
-// refills its stage and the threads write that tile's row terms, published by the next barriers.
-// Not yet run on a GPU.
-inline constexpr int kPipeStages = 3;
-
-template <int kPadded>
-constexpr size_t dkdv_pipelined_smem() {
-  return sizeof(uint16_t) * (2 + 2 * kPipeStages) * kSwizzledTile<kPadded> + sizeof(float) * 2 * kPipeStages * kTile +
-         (kPipeStages + 1) * sizeof(uint64_t) + 1024;
-}
-
-template <int kPadded, class Rule>
-__global__ void __launch_bounds__(kThreads, 2)
-    dkdv_pipelined_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
-  static_assert(kPadded <= kWgmmaBackwardWidth, "the wgmma backward takes head widths up to 96");
-  constexpr int kDTiles = kPadded / 8;
-  constexpr int kQueryTiles = kTile / 8;  // n-tiles of S^T
-  constexpr int kT = kSwizzledTile<kPadded>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-  uint16_t* ks = reinterpret_cast<uint16_t*>(aligned);  // key tile; dk staging at the end
-  uint16_t* vs = ks + kT;                                // value tile; dv staging
-  uint16_t* qs = vs + kT;                                // kPipeStages query tiles
-  uint16_t* dys = qs + kPipeStages * kT;                 // kPipeStages dY tiles
-  float* norm_s = reinterpret_cast<float*>(dys + kPipeStages * kT);  // kPipeStages x [64], base 2
-  float* delta_s = norm_s + kPipeStages * kTile;                      // kPipeStages x [64]
-  uint64_t* full = reinterpret_cast<uint64_t*>(delta_s + kPipeStages * kTile);  // one per stage
-  uint64_t* kv_full = full + kPipeStages;
-
-  const Dims& d = a.dims;
-  const KeyTileLoop<kTile> loop(d);
-  const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
-  const int64_t key[2] = {j0 + warp * kWarpRows + grp, j0 + warp * kWarpRows + grp + 8};
-  auto stage_of = [](int64_t it) { return static_cast<int>(it % kPipeStages); };
-  auto load = [&](int64_t it) {  // thread 0: tile it's query and dY tiles into its stage
-    const int s = stage_of(it);
-    tma_tile_pair<kPadded>(&full[s], qs + s * kT, &maps.q, dys + s * kT, &maps.dy, loop.head(it), loop.tile(it), b);
-  };
-  auto wait_tile = [&](int64_t it) {
-    tma::wait(&full[stage_of(it)], static_cast<uint32_t>((it / kPipeStages) & 1));
-  };
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kPipeStages; ++s) tma::init(&full[s], 1);
-    tma::init(kv_full, 1);
-    tma::fence_init();
-    tma_tile_pair<kPadded>(kv_full, ks, &maps.k, vs, &maps.v, g, j0, b);
-    for (int64_t it = 0; it < kPipeStages && it < total; ++it) load(it);
-  }
-  if (threadIdx.x < kTile)
-    for (int64_t it = 0; it < kPipeStages && it < total; ++it) {
-      norm_s[it * kTile + threadIdx.x] = loop.norm(rule, it, threadIdx.x);
-      delta_s[it * kTile + threadIdx.x] = loop.delta(a.delta, it, threadIdx.x);
-    }
-  __syncthreads();  // the barriers and the first row terms are in place
-
-  float dk[kDTiles][4], dv[kDTiles][4];
-  zero_key_grads<kPadded>(dk, dv);
-  auto& dk_flat = reinterpret_cast<float(&)[kPadded / 2]>(dk);
-  auto& dv_flat = reinterpret_cast<float(&)[kPadded / 2]>(dv);
-  // Two sets of S^T and dP^T accumulators, for tile it and tile it + 1 in turn.
-  float st0[kQueryTiles][4], dpt0[kQueryTiles][4], st1[kQueryTiles][4], dpt1[kQueryTiles][4];
-
-  tma::wait(kv_full, 0);
-  wait_tile(0);
-  two_products_wgmma<kPadded>(st0, ks, qs, dpt0, vs, dys);
-
-  // Iteration it: st, dpt hold tile it's products on entry; tile it + 1's go into st_next,
-  // dpt_next.
-  auto step = [&](int64_t it, float(&st)[kQueryTiles][4], float(&dpt)[kQueryTiles][4],
-                  float(&st_next)[kQueryTiles][4], float(&dpt_next)[kQueryTiles][4]) {
-    const int s = stage_of(it);
-    const bool refill = it + kPipeStages < total;
-    float norm_next = 0.0f, delta_next = 0.0f;  // the row terms of tile it + kPipeStages
-    if (refill && threadIdx.x < kTile) {
-      norm_next = loop.norm(rule, it + kPipeStages, threadIdx.x);
-      delta_next = loop.delta(a.delta, it + kPipeStages, threadIdx.x);
-    }
-    if (it + 1 < total) {
-      const int sn = stage_of(it + 1);
-      wait_tile(it + 1);
-      issue_two_products<kPadded>(st_next, ks, qs + sn * kT, dpt_next, vs, dys + sn * kT);
-    }
-    uint32_t pa[kTile / 16][4], dsa[kTile / 16][4];
-    key_tile_grads_packed(rule, st, dpt, pa, dsa, norm_s + s * kTile, delta_s + s * kTile, loop.tile(it), j0, key, T);
-    issue_key_grad_products<kPadded>(pa, dsa, dk_flat, dv_flat, qs + s * kT, dys + s * kT);
-    wgmma::wait<0>();
-    __syncthreads();  // stage s is read by nobody any more
-    if (refill) {
-      if (threadIdx.x == 0) load(it + kPipeStages);
-      if (threadIdx.x < kTile) {
-        norm_s[s * kTile + threadIdx.x] = norm_next;
-        delta_s[s * kTile + threadIdx.x] = delta_next;
-      }
-    }
-  };
-  for (int64_t it = 0; it < total; it += 2) {
-    step(it, st0, dpt0, st1, dpt1);
-    if (it + 1 < total) step(it + 1, st1, dpt1, st0, dpt0);
   }
 
   finish_key_rows<kPadded, true>(a, rule, dk, dv, ks, vs, j0, key, warp);
@@ -1421,33 +1256,6 @@ __device__ __forceinline__ void query_tile_grads(const Rule& rule, float (&s)[kT
       }
       dp[nt][e] = ds;
     }
-}
-
-// The same rule step with dS written straight into bf16 A fragments dsa (pack_a's order)
-// instead of over dp, which stays unwritten (as key_tile_grads_packed, for the pipelined dQ
-// pass).
-template <class Rule>
-__device__ __forceinline__ void query_tile_grads_packed(const Rule& rule, const float (&s)[kTile / 8][4],
-                                                        const float (&dp)[kTile / 8][4], uint32_t (&dsa)[kTile / 16][4],
-                                                        const float (&norm2)[2], const float (&delta)[2],
-                                                        bool diagonal, int64_t j0, const int64_t (&row)[2],
-                                                        int64_t T) {
-  const int tig = threadIdx.x % 4;
-#pragma unroll
-  for (int nt = 0; nt < kTile / 8; ++nt) {
-    float ds[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int half = e / 2;
-      ds[e] = rule.grad(s[nt][e], norm2[half], dp[nt][e], delta[half]).ds;
-      if (diagonal) {
-        const int64_t j = j0 + nt * 8 + 2 * tig + (e & 1);
-        if (!(j < T && row[half] < T && rule.visible(row[half], j))) ds[e] = 0.0f;
-      }
-    }
-    dsa[nt / 2][nt % 2 * 2] = pack_bf16(ds[0], ds[1]);
-    dsa[nt / 2][nt % 2 * 2 + 1] = pack_bf16(ds[2], ds[3]);
-  }
 }
 
 // The dQ passes' end for a warp's query rows: the Self row term (kSelf rules), then dq scaled,
@@ -1652,101 +1460,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   finish_query_rows<kPadded, true>(a, rule, dq, qs, p0, row);
 }
 
-// The pipelined dQ pass (opt-in: flash_backward_pipelined, context.h): dq_wgmma_kernel's grid,
-// loop, rule step and products with the next key tile's S and dP products in flight during this
-// tile's rule step, as dkdv_pipelined_kernel does for dK/dV; the key and value tiles by TMA into
-// a ring of kPipeStages stages, refilled by thread 0 after an iteration's closing barrier. Not
-// yet run on a GPU.
-template <int kPadded>
-constexpr size_t dq_pipelined_smem() {
-  return sizeof(uint16_t) * (2 + 2 * kPipeStages) * kSwizzledTile<kPadded> + (kPipeStages + 1) * sizeof(uint64_t) +
-         1024;
-}
-
-template <int kPadded, class Rule>
-__global__ void __launch_bounds__(kThreads, 2)
-    dq_pipelined_kernel(const BackwardIo a, const Rule rule, const __grid_constant__ HeadMaps maps) {
-  static_assert(kPadded <= kWgmmaBackwardWidth, "the wgmma backward takes head widths up to 96");
-  constexpr int kDTiles = kPadded / 8;
-  constexpr int kKeyTiles = kTile / 8;
-  constexpr int kT = kSwizzledTile<kPadded>;
-  using Panels = wgmma::Panels<kPadded>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* aligned = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
-  uint16_t* qs = reinterpret_cast<uint16_t*>(aligned);  // query tile; dq staging
-  uint16_t* dys = qs + kT;                               // dy tile
-  uint16_t* ks = dys + kT;                               // kPipeStages key tiles
-  uint16_t* vs = ks + kPipeStages * kT;                  // kPipeStages value tiles
-  uint64_t* full = reinterpret_cast<uint64_t*>(vs + kPipeStages * kT);  // one per stage
-  uint64_t* q_full = full + kPipeStages;
-
-  const Dims& d = a.dims;
-  const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
-  const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
-  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
-  const int wrow = warp * kWarpRows;
-  const int64_t row[2] = {p0 + wrow + grp, p0 + wrow + grp + 8};
-  const int n_kt = static_cast<int>(p0 / kTile) + 1;  // key tiles up to the diagonal
-  auto stage_of = [](int kt) { return kt % kPipeStages; };
-  auto load = [&](int kt) {  // thread 0: key tile kt's key and value rows into its stage
-    const int s = stage_of(kt);
-    tma_tile_pair<kPadded>(&full[s], ks + s * kT, &maps.k, vs + s * kT, &maps.v, g, static_cast<int64_t>(kt) * kTile,
-                           b);
-  };
-  auto wait_tile = [&](int kt) { tma::wait(&full[stage_of(kt)], static_cast<uint32_t>((kt / kPipeStages) & 1)); };
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kPipeStages; ++s) tma::init(&full[s], 1);
-    tma::init(q_full, 1);
-    tma::fence_init();
-    tma_tile_pair<kPadded>(q_full, qs, &maps.q, dys, &maps.dy, h, p0, b);
-    for (int kt = 0; kt < kPipeStages && kt < n_kt; ++kt) load(kt);
-  }
-  __syncthreads();  // the barriers are initialized before anyone waits on them
-  float norm2[2], delta[2];
-  query_row_terms(a, rule, row, h, b, norm2, delta);
-
-  float dq[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-  auto& dq_flat = reinterpret_cast<float(&)[kPadded / 2]>(dq);
-  // Two sets of S and dP accumulators, for key tile kt and kt + 1 in turn.
-  float s0[kKeyTiles][4], dp0[kKeyTiles][4], s1[kKeyTiles][4], dp1[kKeyTiles][4];
-
-  tma::wait(q_full, 0);
-  wait_tile(0);
-  two_products_wgmma<kPadded>(s0, qs, ks, dp0, dys, vs);
-
-  // Iteration kt: sc, dpc hold key tile kt's products on entry; tile kt + 1's go into sn, dpn.
-  auto step = [&](int kt, float(&sc)[kKeyTiles][4], float(&dpc)[kKeyTiles][4], float(&sn)[kKeyTiles][4],
-                  float(&dpn)[kKeyTiles][4]) {
-    const int st = stage_of(kt);
-    if (kt + 1 < n_kt) {
-      const int next = stage_of(kt + 1);
-      wait_tile(kt + 1);
-      issue_two_products<kPadded>(sn, qs, ks + next * kT, dpn, dys, vs + next * kT);
-    }
-    uint32_t dsa[kKeyTiles / 2][4];
-    query_tile_grads_packed(rule, sc, dpc, dsa, norm2, delta, kt == n_kt - 1, static_cast<int64_t>(kt) * kTile, row,
-                            T);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk)  // k = key rows 16 kk .. of K (MN-major)
-      wgmma::mma<kPadded, 1>(dq_flat, dsa[kk], Panels::mn_major(ks + st * kT, kk * 16), true);
-    wgmma::commit();
-    wgmma::wait<0>();
-    __syncthreads();  // stage st is read by nobody any more
-    if (threadIdx.x == 0 && kt + kPipeStages < n_kt) load(kt + kPipeStages);
-  };
-  for (int kt = 0; kt < n_kt; kt += 2) {
-    step(kt, s0, dp0, s1, dp1);
-    if (kt + 1 < n_kt) step(kt + 1, s1, dp1, s0, dp0);
-  }
-
-  finish_query_rows<kPadded, true>(a, rule, dq, qs, p0, row);
-}
-
 // The one-pass dQ's rounding: dq = scale · (the fp32 sums + the Self row term), one warp per row
 // of [B, T, Hq, Dh], as the dQ pass's epilogue computes it.
 template <int kPadded, class Rule>
@@ -1884,14 +1597,6 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
     }
     if (ws) {
       dkdv_ws(std::false_type{});
-    } else if (kPadded < kWsTwoPassWidth && tma && flash_backward_pipelined()) {
-      if constexpr (kPadded < kWsTwoPassWidth) {
-        auto dkdv = dkdv_pipelined_kernel<kPadded, Rule>;
-        constexpr size_t bytes = dkdv_pipelined_smem<kPadded>();
-        allow_smem(dkdv, bytes);
-        dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, maps);
-        QV_CUDA_CHECK(cudaGetLastError());
-      }
     } else {
       auto dkdv = tma ? dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>, true>
                       : dkdv_wgmma_kernel<kPadded, Rule, kDkdvMinBlocks<kPadded>, false>;
@@ -1899,14 +1604,6 @@ void launch_backward(const BackwardIo& io, const Rule& rule, cudaStream_t stream
       allow_smem(dkdv, bytes);
       dkdv<<<key_grid, kThreads, bytes, stream>>>(io, rule, maps);
       QV_CUDA_CHECK(cudaGetLastError());
-    }
-    if (tma && flash_backward_pipelined()) {
-      auto dq = dq_pipelined_kernel<kPadded, Rule>;
-      constexpr size_t dq_bytes = dq_pipelined_smem<kPadded>();
-      allow_smem(dq, dq_bytes);
-      dq<<<query_grid, kThreads, dq_bytes, stream>>>(io, rule, maps);
-      QV_CUDA_CHECK(cudaGetLastError());
-      return;
     }
     auto dq = tma ? dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, true>
                   : dq_wgmma_kernel<kPadded, Rule, kDqMinBlocks<kPadded>, false>;

@@ -43,13 +43,12 @@ Tensor head0_f64(const Tensor& dev) {
   return host.to(DType::F64);
 }
 
-enum class Dq { TwoPass, OnePass, TwoPassPipelined };
-constexpr Dq kDqModes[] = {Dq::TwoPass, Dq::OnePass, Dq::TwoPassPipelined};  // relation_bench_dq_modes' order
+enum class Dq { TwoPass, OnePass };
+constexpr Dq kDqModes[] = {Dq::TwoPass, Dq::OnePass};  // relation_bench_dq_modes' order
 const char* dq_name(Dq dq) {
   switch (dq) {
     case Dq::TwoPass: return "two-pass";
     case Dq::OnePass: return "one-pass";
-    case Dq::TwoPassPipelined: return "two-pass-pipelined";
   }
   return "?";
 }
@@ -57,19 +56,13 @@ const char* dq_name(Dq dq) {
 // The backward mode for the scope's lifetime; the previous one after.
 class DqMode {
  public:
-  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()), pipelined_(flash_backward_pipelined()) {
-    set_flash_dq_atomics(dq == Dq::OnePass);
-    set_flash_backward_pipelined(dq == Dq::TwoPassPipelined);
-  }
-  ~DqMode() {
-    set_flash_dq_atomics(one_pass_);
-    set_flash_backward_pipelined(pipelined_);
-  }
+  explicit DqMode(Dq dq) : one_pass_(flash_dq_atomics()) { set_flash_dq_atomics(dq == Dq::OnePass); }
+  ~DqMode() { set_flash_dq_atomics(one_pass_); }
   DqMode(const DqMode&) = delete;
   DqMode& operator=(const DqMode&) = delete;
 
  private:
-  bool one_pass_, pipelined_;
+  bool one_pass_;
 };
 
 struct Variant {

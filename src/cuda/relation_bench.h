@@ -32,9 +32,8 @@ inline std::vector<RelationBenchShape> relation_bench_paper_shapes() {
 }
 
 // The backward modes a run can time, by RelationBenchRow::dq's names: the deterministic two
-// passes (the default), the one-pass dQ (flash_dq_atomics, context.h) and, experimental, the two
-// passes by the pipelined kernels (flash_backward_pipelined).
-inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass", "two-pass-pipelined"}; }
+// passes (the default) and the one-pass dQ (flash_dq_atomics, context.h).
+inline std::vector<std::string> relation_bench_dq_modes() { return {"two-pass", "one-pass"}; }
 
 struct RelationBenchOptions {
   std::vector<RelationBenchShape> shapes = relation_bench_paper_shapes();
@@ -48,7 +47,7 @@ struct RelationBenchRow {
   std::string scale;
   int64_t B = 0, T = 0, H = 0, Dh = 0;
   std::string mixer;  // "flash_relation" or "attention"
-  std::string dq;     // "two-pass" (deterministic, the default), "one-pass" or "two-pass-pipelined"
+  std::string dq;     // "two-pass" (deterministic, the default) or "one-pass"
   double forward_ms = 0, backward_ms = 0, total_ms = 0;
   double tok_s = 0;        // B·T / total
   double rel_error = -1;   // the largest ‖got − ref‖ / ‖ref‖ of the checked head; -1 unchecked

@@ -30,14 +30,6 @@ struct OnePassDq {
   OnePassDq& operator=(const OnePassDq&) = delete;
 };
 
-// The flash backward's pipelined passes (cuda::flash_backward_pipelined) for the scope's lifetime.
-struct PipelinedBackward {
-  PipelinedBackward() { cuda::set_flash_backward_pipelined(true); }
-  ~PipelinedBackward() { cuda::set_flash_backward_pipelined(false); }
-  PipelinedBackward(const PipelinedBackward&) = delete;
-  PipelinedBackward& operator=(const PipelinedBackward&) = delete;
-};
-
 // A device copy of a host tensor, in its dtype or converted to `dtype` first.
 inline Tensor to_device(const Tensor& host) {
   Tensor dev = Tensor::empty(host.shape(), host.dtype(), Device::CUDA);

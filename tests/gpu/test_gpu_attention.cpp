@@ -128,15 +128,6 @@ TEST_P(GpuAttention, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The two passes by the pipelined kernels (cuda::flash_backward_pipelined: the next tile's
-// score products in flight during this tile's rule step) within the same bounds: dQ at head
-// widths that are multiples of 8, dK/dV at those below 80; the others keep their passes.
-TEST_P(GpuAttention, PipelinedBackwardMatchesTheCpuReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::PipelinedBackward pipelined;
-  check_forward_backward(GetParam());
-}
-
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention, ::testing::ValuesIn(kCases));
 
 // The backward sums dk/dv over query tiles and heads in a fixed order and computes dq without
@@ -166,12 +157,6 @@ TEST(GpuAttentionDeterminism, BackwardIsBitwiseReproducible) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   check_reproducible(64);  // dK/dV by one warpgroup per 64 keys
   check_reproducible(80);  // dK/dV warp-specialized
-}
-
-TEST(GpuAttentionDeterminism, PipelinedBackwardIsBitwiseReproducible) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::PipelinedBackward pipelined;
-  check_reproducible(64);
 }
 
 // Rows [b, t, :, :] of a host [B, T, H, Dh] bf16 tensor for every b, as a [B, H, Dh] tensor.

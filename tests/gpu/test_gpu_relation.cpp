@@ -285,15 +285,6 @@ TEST_P(GpuRelation, OnePassDqMatchesTheCpuReference) {
   check_forward_backward(GetParam());
 }
 
-// The two passes by the pipelined kernels (cuda::flash_backward_pipelined: the next tile's
-// score products in flight during this tile's rule step) within the same bounds: dQ at head
-// widths that are multiples of 8, dK/dV at those below 80; the others keep their passes.
-TEST_P(GpuRelation, PipelinedBackwardMatchesTheCpuReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::PipelinedBackward pipelined;
-  check_forward_backward(GetParam());
-}
-
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuRelation, ::testing::ValuesIn(kCases));
 
 // The backward sums in a fixed order without atomics: two runs agree bit for bit (dλ included).
@@ -341,12 +332,6 @@ TEST(GpuRelationDeterminism, BackwardIsBitwiseReproducible) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   check_reproducible(64);  // dK/dV by one warpgroup per 64 keys
   check_reproducible(80);  // dK/dV warp-specialized
-}
-
-TEST(GpuRelationDeterminism, PipelinedBackwardIsBitwiseReproducible) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const gpu_testing::PipelinedBackward pipelined;
-  check_reproducible(64);
 }
 
 struct DecodeCase {

@@ -350,8 +350,8 @@ void register_bench_relation(CLI::App& bench) {
       "float64, beside PyTorch SDPA (FlashAttention) and the materialized Relation run by --peer.");
   cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--shapes", a->shapes, "cuda: B:T:H:Dh,... (default the paper's three scales)");
-  cmd->add_option("--dq", a->dq,
-                  "cuda: the backward modes to time, comma-separated (two-pass, one-pass, two-pass-pipelined)")->capture_default_str();
+  cmd->add_option("--dq", a->dq, "cuda: the backward modes to time, comma-separated (two-pass, one-pass)")
+      ->capture_default_str();
   cmd->add_option("--runs", a->runs, "cuda: alternating trials")->check(CLI::Range(3, 1000))->capture_default_str();
   cmd->add_option("--peer", a->peer, "cuda: the PyTorch peer script (\"none\": skip it)")->capture_default_str();
   cmd->add_option("--peer-trials", a->peer_trials, "cuda: the peer's timed trials")
