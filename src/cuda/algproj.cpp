@@ -299,9 +299,9 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Tma) {
     const bool dw = pass == ops::AlgPass::DW;
     const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}x{}{}{}{}", detail::kAlgTmaRows, c.cols, detail::kAlgTmaChunk, c.stages,
-                       c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.persistent ? " persistent" : "",
-                       k.split ? " split" : "");
+    return fmt::format("tma {}x{} k{}x{}{}{}{}{}", detail::kAlgTmaRows, c.tile_cols(), detail::kAlgTmaChunk,
+                       c.stages, c.groups > 1 ? fmt::format(" {}wg", c.groups) : "",
+                       c.cooperative ? " cooperative" : "", c.persistent ? " persistent" : "", k.split ? " split" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
@@ -354,7 +354,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     tile_cols = detail::kAlgGemvConfigs[kernel.config].cols;
   } else if (kernel.kind == AlgKernel::Kind::Tma) {
     tile_rows = detail::kAlgTmaRows;
-    tile_cols = (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config].cols;
+    tile_cols =
+        (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config].tile_cols();
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;
     tile_cols = kernel_config(pass, kernel.config).cols;

@@ -46,19 +46,25 @@ struct AlgGemvConfig {
 constexpr AlgGemvConfig kAlgGemvConfigs[] = {{1, 64}, {1, 32}, {2, 64}, {4, 64}, {8, 64}, {8, 32}};
 constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvConfigs[0]);
 
-// The Hopper row pass, forward and dX (algproj_tma.cu): 64-row tiles of `cols` output columns
-// whose A (x or dY) and W boxes a producer warp loads by TMA into a ring of `stages` 64-deep
-// chunks, consumed by `groups` warpgroups' wgmma (taking the block's tiles in turn); one block
-// per tile, or `persistent` (as many blocks as fit, each walking every gridDim-th tile). Plans
-// whose tiles' rows are progressions of one stride (cyclic or interval types), group offsets
-// that are multiples of 8 (a box's first column on a 16-byte boundary), the input and W 16-byte
-// aligned, K and N multiples of 8 (AlgProj checks); segments of any length.
+// The Hopper row pass, forward and dX (algproj_tma.cu): 64-row tiles whose A (x or dY) and W
+// boxes a producer warp loads by TMA into a ring of `stages` 64-deep chunks, consumed by
+// `groups` warpgroups' wgmma of `cols` columns each: taking the block's tiles of `cols` columns
+// in turn, or (`cooperative`) side by side on tiles of groups · cols columns, so that a tile's
+// rows of x are read once for all of them; one block per tile, or `persistent` (as many blocks
+// as fit, each walking every gridDim-th tile). Plans whose tiles' rows are progressions of one
+// stride (cyclic or interval types), group offsets that are multiples of 8 (a box's first column
+// on a 16-byte boundary), the input and W 16-byte aligned, K and N multiples of 8 (AlgProj
+// checks); segments of any length.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
+  bool cooperative = false;
+  constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
 };
 constexpr AlgTmaConfig kAlgTmaConfigs[] = {
-    {128, 4, 1, false}, {64, 6, 1, false}, {128, 8, 2, true}, {64, 12, 2, true}, {128, 4, 1, true},
+    {128, 4, 1, false}, {64, 6, 1, false},      {128, 8, 2, true},
+    {64, 12, 2, true},  {128, 4, 1, true},      {192, 3, 2, true, true},
+    {128, 5, 2, true, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;

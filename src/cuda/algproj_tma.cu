@@ -1,26 +1,37 @@
 // The algebraic projection's Hopper row pass, forward and dX (algproj_fused_launch.h:
-// AlgTmaArgs). Tiles are 64 rows of one row class × BN output columns. A block has `groups`
-// consumer warpgroups and one producer warp, and walks the tiles blockIdx.x, blockIdx.x +
-// gridDim.x, ...: one block per tile (grid = tiles), or persistent (grid = the blocks that fit
-// at once), its consumer warpgroups taking its tiles in turn. The producer's lane 0 walks the
-// block's tiles' segments in 64-deep chunks, in order; per chunk it waits for a free stage of
-// the ring, arms its full barrier with the chunk's bytes and issues two TMA loads: the A box
+// AlgTmaArgs). Tiles are 64 rows of one row class × BT output columns. A block has `groups`
+// consumer warpgroups of BN columns and one producer warp, and walks the tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ...: one block per tile (grid = tiles), or persistent (grid = the
+// blocks that fit at once), its consumer warpgroups taking its tiles in turn (BT = BN), or
+// cooperative: side by side on each tile (BT = groups · BN), each on its BN columns of every
+// stage, so that the tile's x is read from L2 once for all of them. The pass moves far more
+// bytes than it has products for (a tile reduces over 2·K/q), so its time follows the bytes its
+// tiles read: W's two blocks and x's two segments per tile.
+//
+// The producer warp reads the plan (tiles, rows, segments) 32 tiles at a time and its lane 0
+// walks each tile's segments in 64-deep chunks, in order; per chunk it waits for a free stage of
+// the ring, arms its full barrier with the chunk's bytes and issues the TMA loads: the A box
 // (the tile's rows of x, or of dY for dX, as one box of a strided view, reduction columns
-// k0 .. k0 + 63) and the W box: forward, W rows k0 .. k0 + 63 and the tile's columns (one box
+// k0 .. k0 + 63) and the W boxes: forward, W rows k0 .. k0 + 63 and the tile's columns (one box
 // per 64-column panel, MN-major); dX (kTransW), W rows = the tile's dX columns, W columns
-// k0 .. k0 + 63 (one box of BN 128-byte rows, K-major). So the producer runs ahead into the
-// next tile while the consumers finish one. A segment's tail (fewer than 64 k left) comes as
-// 16-deep slices instead (kSlice): x's slice one 32-byte-swizzled panel of 64 rows, W's its 16
-// rows of each 64-column panel (forward) or one 32-byte-swizzled panel of BN rows (dX), so a
-// tail of 16, 32 or 48 moves only its own bytes. A consumer warpgroup counts the chunks of the
-// tiles it skips (the other warpgroup's), waits until the other has issued the products of the
-// tile before (an order barrier each way), waits for its own chunks' stages, runs their four k16
-// steps as wgmma m64nBNk16 (operands swizzled as TMA wrote them; a tail's steps past its slices
-// read zero operands), keeps one chunk's products in flight and releases the stage before it
-// (each warp's lane 0 arrives), and the last one at the tile's end. A tail whose length is not a
-// multiple of 16 has the rest of its last slice (the next group's columns) zeroed first
-// (zero_slice_past). The epilogue rounds once to bf16 (+ the old value when accumulating) while
-// the other warpgroup's products run.
+// k0 .. k0 + 63 (one box of BN 128-byte rows per warpgroup's share, K-major). Boxes wholly past
+// the tile's columns (a narrow group, or its last tile) are not loaded. A tile's first stage
+// also carries the tile's header (TileMeta, in shared memory beside the barriers), so the
+// consumers read no plan metadata from global memory: under Nsight Compute, Qwen3-8B's forward
+// stalled most on those loads before. The producer runs ahead into the next tile while the
+// consumers finish one. A segment's tail (fewer than 64 k left) comes as 16-deep slices instead
+// (kSlice): x's slice one 32-byte-swizzled panel of 64 rows, W's its 16 rows of each 64-column
+// panel (forward) or one 32-byte-swizzled panel of BN rows (dX), so a tail of 16, 32 or 48
+// moves only its own bytes.
+//
+// Every consumer warpgroup passes every stage in order. One taking tiles in turn passes the
+// other's tiles' stages (counted from their headers) and releases them at once. On its own
+// chunks it runs the four k16 steps as wgmma m64nBNk16 (operands swizzled as TMA wrote them; a
+// tail's steps past its slices read zero operands), keeps one chunk's products in flight and
+// releases the stage before it (each warp's lane 0 arrives), and the last one at the tile's end.
+// A tail whose length is not a multiple of 16 has the rest of its last slice (the next group's
+// columns) zeroed first (zero_slice_past). The epilogue rounds once to bf16 (+ the old value
+// when accumulating), while the other warpgroup's products run when they take tiles in turn.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -37,6 +48,67 @@ namespace {
 
 constexpr int kGroupThreads = 128;
 
+// A row-pass tile as the producer warp reads it, and as its first stage's header tells the
+// consumers (in shared memory beside the ring's barriers, written before the stage's full
+// barrier is armed and read after it completes, so the consumers read no plan metadata from
+// global memory): the tile's record, its first row and its first kMetaSegs segments (the rest,
+// rare, from the plan). Every tile takes at least one stage: one with no segments takes one
+// that carries only its header (its output is zero). A header with row_count 0 ends the walk.
+// The producer warp reads the block's tiles kMetaBatch at a time: lane l loads tile first +
+// l · stride, so the walk pays one global-load latency per batch instead of a chain per tile.
+inline constexpr int kMetaBatch = 32, kMetaSegs = 4;
+struct TileMeta {
+  ops::AlgRowTile t;
+  int r_first;
+  ops::AlgSegment seg[kMetaSegs];
+};
+// Segment sg of a tile, from its header where it holds it.
+__device__ __forceinline__ ops::AlgSegment tile_segment(const TileMeta& m, const AlgTmaArgs& p, int sg) {
+  ops::AlgSegment seg{};
+  if (sg < kMetaSegs) {
+#pragma unroll
+    for (int s = 0; s < kMetaSegs; ++s)  // by constant index: m stays in registers
+      if (s == sg) seg = m.seg[s];
+  } else {
+    seg = p.segments[m.t.seg_begin + sg];
+  }
+  return seg;
+}
+// The stages a tile takes: one per started 64 k of each segment, at least one.
+__device__ __forceinline__ int tile_stages(const TileMeta& m, const AlgTmaArgs& p) {
+  int n = 0;
+  for (int sg = 0; sg < m.t.seg_count; ++sg) n += (tile_segment(m, p, sg).len + kAlgTmaChunk - 1) / kAlgTmaChunk;
+  return max(n, 1);
+}
+__device__ __forceinline__ TileMeta load_tile_meta(const AlgTmaArgs& p, int tile) {
+  TileMeta m{};
+  if (tile < p.num_tiles) {
+    m.t = p.tiles[tile];
+    m.r_first = p.rows[m.t.row_begin];
+#pragma unroll
+    for (int s = 0; s < kMetaSegs; ++s)
+      if (s < m.t.seg_count) m.seg[s] = p.segments[m.t.seg_begin + s];
+  }
+  return m;
+}
+__device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
+  TileMeta r;
+  r.t.row_begin = __shfl_sync(0xffffffffu, m.t.row_begin, src);
+  r.t.row_count = __shfl_sync(0xffffffffu, m.t.row_count, src);
+  r.t.col0 = __shfl_sync(0xffffffffu, m.t.col0, src);
+  r.t.ncols = __shfl_sync(0xffffffffu, m.t.ncols, src);
+  r.t.seg_begin = __shfl_sync(0xffffffffu, m.t.seg_begin, src);
+  r.t.seg_count = __shfl_sync(0xffffffffu, m.t.seg_count, src);
+  r.t.slot = -1;
+  r.r_first = __shfl_sync(0xffffffffu, m.r_first, src);
+#pragma unroll
+  for (int s = 0; s < kMetaSegs; ++s) {
+    r.seg[s].k0 = __shfl_sync(0xffffffffu, m.seg[s].k0, src);
+    r.seg[s].len = __shfl_sync(0xffffffffu, m.seg[s].len, src);
+  }
+  return r;
+}
+
 template <int BN, int kStages>
 struct TmaLayout {
   using A = wgmma::Panels<kAlgTmaChunk>;  // A chunk: 64 rows × 64 k (K-major)
@@ -45,11 +117,12 @@ struct TmaLayout {
   static constexpr uint32_t kBBytes = BN * 128;
   static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
   static constexpr uint32_t kStageBytes = A::kBytes + kBBytes;
-  // full[kStages], empty[kStages], order[2] barriers after the stages, then (1024-byte aligned)
-  // the zero operands of a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16
-  // of W.
+  // full[kStages] and empty[kStages] barriers and the stages' headers after the stages, then
+  // (1024-byte aligned) the zero operands of a tail's steps past its slices: one A slice (64 rows
+  // × 16 k) and BN × 16 of W.
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
-  static_assert((2 * kStages + 2) * sizeof(uint64_t) <= 1024, "the barriers fit below the zero operands");
+  static_assert(2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) <= 1024,
+                "the barriers and headers fit below the zero operands");
   static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
 
   // The ring in the block's dynamic shared memory (1024-byte aligned for the 128-byte swizzle).
@@ -60,7 +133,7 @@ struct TmaLayout {
     __device__ unsigned char* b(int s) const { return a(s) + A::kBytes; }
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
-    __device__ uint64_t* order() const { return empty() + kStages; }
+    __device__ TileMeta* headers() const { return reinterpret_cast<TileMeta*>(empty() + kStages); }
     __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
     __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
     // By every thread, before a __syncthreads: the zero operands.
@@ -70,32 +143,21 @@ struct TmaLayout {
       fence_proxy_async_shared();  // read by the tensor cores
     }
     // By one thread, before a __syncthreads: each full barrier completes on the producer's
-    // arrival and its bytes, each empty and order barrier on one arrival per consumer warp.
-    __device__ void init() const {
+    // arrival and its bytes, each empty barrier on one arrival per consumer warp (`readers`
+    // warpgroups).
+    __device__ void init(int readers = 1) const {
       for (int s = 0; s < kStages; ++s) {
         tma::init(&full()[s], 1);
-        tma::init(&empty()[s], kGroupThreads / 32);
+        tma::init(&empty()[s], readers * kGroupThreads / 32);
       }
-      for (int g = 0; g < 2; ++g) tma::init(&order()[g], kGroupThreads / 32);
       tma::fence_init();
     }
   };
 };
 
-// The 64-deep chunks of a tile: one per started 64 columns of each segment (producer and
-// consumers count the same).
-__device__ __forceinline__ int tile_chunks(const AlgTmaArgs& p, const ops::AlgRowTile& t) {
-  int n = 0;
-  for (int sg = 0; sg < t.seg_count; ++sg) n += (p.segments[t.seg_begin + sg].len + kAlgTmaChunk - 1) / kAlgTmaChunk;
-  return n;
-}
-
 // A segment's tail: `valid` < 64 of its k, loaded as ceil(valid / 16) slices of 16 k.
 inline constexpr int kSlice = 16;
 __host__ __device__ constexpr int tail_slices(int valid) { return (valid + kSlice - 1) / kSlice; }
-// Bytes of one slice: A's 64 rows × 16 k and W's 16 k × BN columns (both 32 bytes a row or column).
-template <int BN>
-inline constexpr uint32_t kSliceBytes = (kAlgTmaRows + BN) * kSlice * 2;
 using SlicePanel = wgmma::Panels<kSlice>;  // a slice as a K-major operand: 32-byte rows
 __device__ __forceinline__ unsigned char* a_slice(unsigned char* a, int s) {
   return a + s * kAlgTmaRows * kSlice * 2;
@@ -105,41 +167,47 @@ __device__ __forceinline__ unsigned char* w_slice_t(unsigned char* b, int s) {  
   return b + s * BN * kSlice * 2;
 }
 
-// A tail whose last slice runs past the segment (valid % 16 != 0): the consumer warpgroup zeroes
-// that slice's x columns and W rows (forward) or columns (dX) from `valid` on, so that its k16
-// step adds nothing of the next group. tid: the thread's index in its warpgroup; barrier: the
-// warpgroup's named barrier (1 or 2).
-template <int BN, bool kTransW>
+// A tail whose last slice runs past the segment (valid % 16 != 0): the kThreads threads that read
+// the stage (one warpgroup, or a cooperative tile's warpgroups) zero that slice's x columns and W
+// rows (forward) or columns (dX) from `valid` on, all BT of them, so that no k16 step adds
+// anything of the next group. tid: the thread's index among them; barrier: their named barrier
+// (1 or 2).
+template <int BT, bool kTransW, int kThreads>
 __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char* b, int valid, int tid, int barrier) {
-  using B = wgmma::Panels<BN>;
+  using B = wgmma::Panels<BT>;
   const int s = valid / kSlice, from = valid % kSlice, width = kSlice - from;
   unsigned char* as = a_slice(a, s);
-  for (int e = tid; e < kAlgTmaRows * width; e += kGroupThreads)
+  for (int e = tid; e < kAlgTmaRows * width; e += kThreads)
     *reinterpret_cast<uint16_t*>(as + SlicePanel::offset(e / width, from + e % width)) = 0;
-  if constexpr (kTransW) {  // the slice's W columns from `from` on, in each of its BN rows
-    unsigned char* bs = w_slice_t<BN>(b, s);
-    for (int e = tid; e < BN * width; e += kGroupThreads)
+  if constexpr (kTransW) {  // the slice's W columns from `from` on, in each of its BT rows
+    unsigned char* bs = w_slice_t<BT>(b, s);
+    for (int e = tid; e < BT * width; e += kThreads)
       *reinterpret_cast<uint16_t*>(bs + SlicePanel::offset(e / width, from + e % width)) = 0;
   } else {  // W's rows from `valid` on, within the slice
-    for (int e = tid; e < width * (BN / 8); e += kGroupThreads)
-      *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
+    for (int e = tid; e < width * (BT / 8); e += kThreads)
+      *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BT / 8), e % (BT / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async_shared();  // the tensor cores read them next
-  if (barrier == 1)  // this warpgroup only (an immediate id: ptxas counts a register id as all 16)
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
+  if (barrier == 1)  // these threads only (an immediate id: ptxas counts a register id as all 16)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
   else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads));
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads));
 }
 
-// The four k16 steps of one stage: a whole chunk's, or a tail's `slices` slices and then steps
+// The four k16 steps of one stage for the BN columns from wcol of its BT (a warpgroup's share of
+// a cooperative tile; 0 otherwise): a whole chunk's, or a tail's `slices` slices and then steps
 // over the zero operands (zero_a: a slice of A, zero_b: BN × 16 of W as either operand), so
 // that every chunk issues the same instructions (a data-dependent count puts the wgmma on a
 // divergent path, which ptxas serializes); only the descriptors are selected.
-template <int BN, bool kTransW>
-__device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned char* a, unsigned char* b, int slices,
-                                               const unsigned char* zero_a, const unsigned char* zero_b) {
+template <int BN, int BT, bool kTransW>
+__device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned char* a, unsigned char* stage_b,
+                                               int wcol, int slices, const unsigned char* zero_a,
+                                               const unsigned char* zero_b) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
+  static_assert(BT == BN || BN % 64 == 0, "a warpgroup's columns start on a whole panel");
+  // This warpgroup's W: forward, its panels; dX, its rows (128 bytes each, of a whole chunk).
+  unsigned char* b = stage_b + (kTransW ? wcol * 128 : wcol / 64 * B::kPanelBytes);
   constexpr int kSteps = kAlgTmaChunk / kSlice;
   const bool tail = slices < kSteps;
   uint64_t da[kSteps], db[kSteps];  // all selected before the fence (ptxas fences registers set after it)
@@ -148,7 +216,8 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
     const bool zero = kk >= slices;
     da[kk] = !tail ? A::k_major(a, kSlice * kk) : SlicePanel::k_major(zero ? zero_a : a_slice(a, kk), 0);
     if constexpr (kTransW)
-      db[kk] = !tail ? A::k_major(b, kSlice * kk) : SlicePanel::k_major(zero ? zero_b : w_slice_t<BN>(b, kk), 0);
+      db[kk] = !tail ? A::k_major(b, kSlice * kk)
+                     : SlicePanel::k_major(zero ? zero_b : w_slice_t<BT>(stage_b, kk) + wcol * kSlice * 2, 0);
     else  // zero_b as 16 rows of each 64-column panel, 2 KiB apart
       db[kk] = zero ? wgmma::descriptor<128>(zero_b, kSlice * 128, 8 * 128) : B::mn_major(b, kSlice * kk);
   }
@@ -162,130 +231,170 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
   }
 }
 
-template <int BN, int kStages, bool kTransW, int kGroups>
+template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
-  using L = TmaLayout<BN, kStages>;
+  // A tile's columns: one warpgroup's BN, or (cooperative) its warpgroups' side by side.
+  constexpr int BT = (kCoop ? kGroups : 1) * BN;
+  using L = TmaLayout<BT, kStages>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
-  uint64_t* order = ring.order();  // order[g]: the other warpgroup has issued its tile's products
-  if (threadIdx.x == 0) ring.init();
+  TileMeta* headers = ring.headers();
+  if (threadIdx.x == 0) ring.init(kGroups);  // every consumer warpgroup passes every stage
   ring.zero();
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (warp == kGroups * kGroupThreads / 32) {  // the producer
-    if (lane != 0) return;
+  if (warp == kGroups * kGroupThreads / 32) {  // the producer warp: lane 0 issues, all load metadata
     const int s_rows = p.row_stride;
     int c = 0;
-    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
-      const ops::AlgRowTile t = p.tiles[tile];
-      const int r_first = p.rows[t.row_begin], cls = r_first % s_rows, i0 = r_first / s_rows;
-      for (int sg = 0; sg < t.seg_count; ++sg) {
-        const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
-        for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
-          const int stage = c % kStages;
-          if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);  // its last chunk was consumed
-          const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-          unsigned char* a = ring.a(stage);
-          unsigned char* b = ring.b(stage);
-          if (valid == kAlgTmaChunk) {
-            tma::arrive_expect(&full[stage], L::kStageBytes);
-            if (s_rows > 1)
-              tma::load_3d(a, &p.x, &full[stage], k0, cls, i0);
-            else
-              tma::load_2d(a, &p.x, &full[stage], k0, r_first);
-            if constexpr (kTransW) {
-              tma::load_2d(b, &p.w, &full[stage], k0, t.col0);
-            } else {
-#pragma unroll
-              for (int pn = 0; pn < BN / 64; ++pn)
-                tma::load_2d(b + pn * L::B::kPanelBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
-            }
-          } else {  // the tail, slice by slice
-            const int n = tail_slices(valid);
-            tma::arrive_expect(&full[stage], n * kSliceBytes<BN>);
-            for (int sl = 0; sl < n; ++sl) {
-              const int k = k0 + kSlice * sl;
+    // Stage c's turn (lane 0): wait until its last use was consumed; a tile's first stage gets
+    // the tile's header.
+    const auto take = [&](bool first, const TileMeta& m) {
+      const int stage = c % kStages;
+      if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
+      if (first) headers[stage] = m;
+      return stage;
+    };
+    for (int first = blockIdx.x; first < p.num_tiles; first += kMetaBatch * gridDim.x) {
+      const TileMeta mine = load_tile_meta(p, first + lane * gridDim.x);
+      for (int b = 0; b < kMetaBatch && first + b * gridDim.x < p.num_tiles; ++b) {
+        const TileMeta m = shfl_tile_meta(mine, b);
+        if (lane != 0) continue;
+        const ops::AlgRowTile& t = m.t;
+        const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
+        // W boxes past the tile's columns are not loaded (a group narrower than the tile, or its
+        // last tile): forward, 64-column panels; dX, a warpgroup's BN rows. The products over the
+        // stale bytes there land in columns the epilogue does not store.
+        const int w_boxes = kTransW ? (t.ncols + BN - 1) / BN : (t.ncols + 63) / 64;
+        constexpr uint32_t kBoxBytes = kTransW ? BN * 128 : L::B::kPanelBytes;
+        constexpr uint32_t kBoxSliceBytes = kTransW ? BN * kSlice * 2 : kSlice * 128;
+        const int c_first = c;
+        for (int sg = 0; sg < t.seg_count; ++sg) {
+          const ops::AlgSegment seg = tile_segment(m, p, sg);
+          for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+            const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+            const int stage = take(c == c_first, m);
+            unsigned char* a = ring.a(stage);
+            unsigned char* b = ring.b(stage);
+            if (valid == kAlgTmaChunk) {
+              tma::arrive_expect(&full[stage], L::A::kBytes + w_boxes * kBoxBytes);
               if (s_rows > 1)
-                tma::load_3d(a_slice(a, sl), &p.x16, &full[stage], k, cls, i0);
+                tma::load_3d(a, &p.x, &full[stage], k0, cls, i0);
               else
-                tma::load_2d(a_slice(a, sl), &p.x16, &full[stage], k, r_first);
+                tma::load_2d(a, &p.x, &full[stage], k0, m.r_first);
               if constexpr (kTransW) {
-                tma::load_2d(w_slice_t<BN>(b, sl), &p.w16, &full[stage], k, t.col0);
-              } else {  // W rows k .. k + 15 where a whole chunk would put them
 #pragma unroll
-                for (int pn = 0; pn < BN / 64; ++pn)
-                  tma::load_2d(b + pn * L::B::kPanelBytes + sl * kSlice * 128, &p.w16, &full[stage], t.col0 + 64 * pn,
-                               k);
+                for (int g = 0; g < BT / BN; ++g)
+                  if (g < w_boxes) tma::load_2d(b + g * kBoxBytes, &p.w, &full[stage], k0, t.col0 + BN * g);
+              } else {
+#pragma unroll
+                for (int pn = 0; pn < BT / 64; ++pn)
+                  if (pn < w_boxes) tma::load_2d(b + pn * kBoxBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+              }
+            } else {  // the tail, slice by slice
+              const int n = tail_slices(valid);
+              tma::arrive_expect(&full[stage], n * (kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
+              for (int sl = 0; sl < n; ++sl) {
+                const int k = k0 + kSlice * sl;
+                if (s_rows > 1)
+                  tma::load_3d(a_slice(a, sl), &p.x16, &full[stage], k, cls, i0);
+                else
+                  tma::load_2d(a_slice(a, sl), &p.x16, &full[stage], k, m.r_first);
+                if constexpr (kTransW) {
+#pragma unroll
+                  for (int g = 0; g < BT / BN; ++g)
+                    if (g < w_boxes)
+                      tma::load_2d(w_slice_t<BT>(b, sl) + g * kBoxSliceBytes, &p.w16, &full[stage], k,
+                                   t.col0 + BN * g);
+                } else {  // W rows k .. k + 15 where a whole chunk would put them
+#pragma unroll
+                  for (int pn = 0; pn < BT / 64; ++pn)
+                    if (pn < w_boxes)
+                      tma::load_2d(b + pn * kBoxBytes + sl * kBoxSliceBytes, &p.w16, &full[stage], t.col0 + 64 * pn,
+                                   k);
+                }
               }
             }
           }
         }
+        if (c == c_first) {  // no chunks: a stage with the header alone
+          tma::arrive(&full[take(true, m)]);
+          ++c;
+        }
       }
+    }
+    if (lane == 0) {  // the end: a header with no rows
+      tma::arrive(&full[take(true, TileMeta{})]);
     }
     return;
   }
 
   const int group = warp / 4, gwarp = warp % 4, tid = threadIdx.x % kGroupThreads;
   const int grp = lane / 4, tig = lane % 4;
+  const int wcol = kCoop ? BN * group : 0;  // this warpgroup's first column of a tile
   float acc[BN / 2];
-  int c = 0, j = 0, mine = 0;  // the block's chunks and tiles so far, this warpgroup's tiles
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++j) {
-    const ops::AlgRowTile t = p.tiles[tile];
-    if (j % kGroups != group) {  // the other warpgroup's tile: skip its chunks
-      c += tile_chunks(p, t);
+  // Every consumer warpgroup passes every stage in order; it computes the chunks of its tiles
+  // (all of them when cooperative, else every kGroups-th of the block's tiles) and releases the
+  // others' at once. So a stage is refilled only after every warpgroup has passed it, which
+  // keeps the full barriers' parity exact.
+  for (int c = 0, j = 0;; ++j) {
+    const int first = c % kStages;
+    tma::wait(&full[first], (c / kStages) & 1);
+    const TileMeta m = headers[first];
+    if (m.t.row_count == 0) break;
+    if (!kCoop && kGroups > 1 && j % kGroups != group) {  // another warpgroup's tile: pass its stages
+      const int n = tile_stages(m, p);
+      __syncwarp();  // every lane has read the header
+      for (int i = 0; i < n; ++i, ++c) {
+        tma::wait(&full[c % kStages], (c / kStages) & 1);
+        if (lane == 0) tma::arrive(&empty[c % kStages]);
+      }
       continue;
     }
-    // Two warpgroups issue their tiles' products in the block's tile order (one's epilogue
-    // runs during the other's products). This also keeps the full barriers' parity exact: every
-    // chunk before this tile's has been waited for, so a stage's previous use has completed.
-    if constexpr (kGroups > 1) {
-      if (group == 1) tma::wait(&order[1], mine & 1);  // warpgroup 0's tile before this one
-      else if (mine > 0) tma::wait(&order[0], (mine - 1) & 1);  // warpgroup 1's tile before
-    }
-    ++mine;
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
-    int pending = -1;  // the stage whose products are still in flight
-    for (int sg = 0; sg < t.seg_count; ++sg) {
-      const ops::AlgSegment seg = p.segments[t.seg_begin + sg];
+    int pending = first;  // the stage whose products are still in flight (or the header's)
+    for (int sg = 0; sg < m.t.seg_count; ++sg) {
+      const ops::AlgSegment seg = tile_segment(m, p, sg);
       for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
         const int stage = c % kStages;
         tma::wait(&full[stage], (c / kStages) & 1);
         const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
         unsigned char* a = ring.a(stage);
         unsigned char* b = ring.b(stage);
-        if (valid % kSlice != 0) zero_slice_past<BN, kTransW>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
-        chunk_products<BN, kTransW>(acc, a, b, tail_slices(valid), ring.zero_a(), ring.zero_b());
+        if (valid % kSlice != 0) {
+          if constexpr (kCoop)
+            zero_slice_past<BT, kTransW, kGroups * kGroupThreads>(a, b, valid, threadIdx.x, 1);
+          else
+            zero_slice_past<BT, kTransW, kGroupThreads>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
+        }
+        chunk_products<BN, BT, kTransW>(acc, a, b, wcol, tail_slices(valid), ring.zero_a(), ring.zero_b());
         wgmma::commit();
         // The previous chunk's products are done: its stage is free once every warp's share of
-        // the warpgroup's products has read it (wait_group completes the executing warp's).
+        // the products has read it (wait_group completes the executing warp's).
         wgmma::wait<1>();
-        if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
+        if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
         pending = stage;
       }
     }
-    if constexpr (kGroups > 1) {
-      if (lane == 0) tma::arrive(&order[1 - group]);  // the other warpgroup's next tile may start
-    }
     wgmma::wait<0>();
-    if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
+    if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
+    if (m.t.seg_count == 0) ++c;                  // its one stage carried the header alone
 
-    // Accumulator (row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → bf16 pairs.
-    const int r_first = p.rows[t.row_begin];
+    // Accumulator (row 16 warp + grp (+ 8), columns wcol + 8 j + 2 tig, + 1) → bf16 pairs.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 16 * gwarp + grp + 8 * half;
-      if (i >= t.row_count) continue;
-      uint16_t* out = p.c + static_cast<int64_t>(r_first + p.row_stride * i) * p.ldc + t.col0;
+      if (i >= m.t.row_count) continue;
+      uint16_t* out = p.c + static_cast<int64_t>(m.r_first + p.row_stride * i) * p.ldc + m.t.col0;
 #pragma unroll
       for (int jj = 0; jj < BN / 8; ++jj) {
-        const int col = 8 * jj + 2 * tig;
-        if (col >= t.ncols) continue;
+        const int col = wcol + 8 * jj + 2 * tig;
+        if (col >= m.t.ncols) continue;
         float v0 = acc[4 * jj + 2 * half], v1 = acc[4 * jj + 2 * half + 1];
         auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
         if (p.accumulate) {
@@ -414,8 +523,8 @@ void tma_weight_configs(const AlgTmaWeightArgs& a, int config, cudaStream_t stre
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups>>(
-      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages>::kSmem, a.num_tiles, cfg.persistent, a, stream);
+  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative>>(
+      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.tile_cols(), cfg.stages>::kSmem, a.num_tiles, cfg.persistent, a, stream);
 }
 
 template <int... I>
