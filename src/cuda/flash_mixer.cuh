@@ -264,21 +264,34 @@ __device__ __forceinline__ void mma_by_cols(float (&acc)[kPadded / 8][4], const 
   }
 }
 
+// The widest piece (in elements) that a head's rows can be copied in: 8 where Dh is a multiple
+// of 8 (every row 16-byte aligned), 4 where it is a multiple of 4 (8-byte aligned: width 60),
+// else 1. The arrays are the model's [B, T, H, Dh] tensors, whose bases are allocation-aligned.
+__device__ __forceinline__ int load_piece(int Dh) { return Dh % 8 == 0 ? 8 : Dh % 4 == 0 ? 4 : 1; }
+
 // Rows [row0, row0 + kRows) of a bf16 [*, row_stride] array into a shared tile, cols < kPadded;
-// zero where row >= T or col >= Dh. With `vec` (Dh % 8 == 0, so every row is 16-byte aligned)
-// by cp.async in 16-byte pieces (complete after cp_async_wait); otherwise by plain loads and
-// stores (complete at the next barrier).
+// zero where row >= T or col >= Dh. With `vec` = 8 or 4 (load_piece) by cp.async in 16- or
+// 8-byte pieces (complete after cp_async_wait; a piece lies within one 16-byte swizzle unit);
+// otherwise by plain loads and stores (complete at the next barrier).
 template <int kRows, int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, int64_t row0,
-                                          int64_t T, int64_t row_stride, int Dh, bool vec) {
+                                          int64_t T, int64_t row_stride, int Dh, int vec) {
   static_assert(!kSwizzled || kRows == kTile, "swizzled tiles have 64 rows");
-  constexpr int kPieces = kPadded / 8;
-  if (vec) {
+  if (vec == 8) {
+    constexpr int kPieces = kPadded / 8;
     for (int idx = threadIdx.x; idx < kRows * kPieces; idx += kThreads) {
       const int r = idx / kPieces, c = (idx % kPieces) * 8;
       const bool valid = row0 + r < T && c < Dh;
       const uint16_t* from = valid ? src + (row0 + r) * row_stride + c : src;
       cp_async_16(tile + tile_offset<kPadded, kSwizzled>(r, c), from, valid);
+    }
+  } else if (vec == 4) {
+    constexpr int kPieces = kPadded / 4;
+    for (int idx = threadIdx.x; idx < kRows * kPieces; idx += kThreads) {
+      const int r = idx / kPieces, c = (idx % kPieces) * 4;
+      const bool valid = row0 + r < T && c < Dh;
+      const uint16_t* from = valid ? src + (row0 + r) * row_stride + c : src;
+      cp_async<8>(tile + tile_offset<kPadded, kSwizzled>(r, c), from, valid);
     }
   } else {
     for (int idx = threadIdx.x; idx < kRows * kPadded; idx += kThreads) {
@@ -298,7 +311,7 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
 template <int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void next_key_stage(uint16_t* ks, uint16_t* vs, const uint16_t* kb,
                                                const uint16_t* vb, int kt, int n_kt, int64_t T,
-                                               int64_t kv_stride, int Dh, bool vec) {
+                                               int64_t kv_stride, int Dh, int vec) {
   constexpr int kStage = kSwizzled ? kSwizzledTile<kPadded> : kTile * kRowStride<kPadded>;
   const int next = (kt & 1) ^ 1;
   if (kt + 1 < n_kt) {
@@ -360,7 +373,7 @@ __device__ __forceinline__ void add_rows(float (&acc)[kPadded / 8][4],
 // bf16 [*, row_stride] array (row < T, col < Dh only).
 template <int kPadded, bool kSwizzled = false>
 __device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t T,
-                                           int64_t row_stride, int Dh, bool vec,
+                                           int64_t row_stride, int Dh, int vec,
                                            const uint16_t* tile, int srow0) {
   constexpr int kPieces = kPadded / 8;
   const int lane = threadIdx.x % 32;
@@ -370,8 +383,11 @@ __device__ __forceinline__ void store_rows(uint16_t* dst, int64_t grow0, int64_t
     if (row >= T || c >= Dh) continue;
     const uint16_t* from = tile + tile_offset<kPadded, kSwizzled>(srow0 + r, c);
     uint16_t* to = dst + row * row_stride + c;
-    if (vec) {
+    if (vec == 8) {
       *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
+    } else if (vec == 4) {  // Dh a multiple of 4: one or both 8-byte halves
+      *reinterpret_cast<uint2*>(to) = *reinterpret_cast<const uint2*>(from);
+      if (c + 4 < Dh) *reinterpret_cast<uint2*>(to + 4) = *reinterpret_cast<const uint2*>(from + 4);
     } else {
       for (int i = 0; i < 8 && c + i < Dh; ++i) to[i] = from[i];
     }
@@ -548,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
@@ -690,7 +706,7 @@ __device__ __forceinline__ void finish_key_rows(const BackwardIo& a, const Rule&
                                                 int64_t j0, const int64_t (&key)[2], int warp) {
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const int64_t T = d.T, g = blockIdx.y, b = blockIdx.z;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
   const int64_t kv_off = (b * T * d.Hkv + g) * Dh;
@@ -780,7 +796,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BackwardIo a, cons
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const KeyTileLoop<kBr> loop(d);
   const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
   const int warp = threadIdx.x / 32, grp = threadIdx.x % 32 / 4;
@@ -993,7 +1009,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const KeyTileLoop<kTile> loop(d);
   const int64_t T = d.T, j0 = loop.j0, g = loop.g, b = loop.b, total = loop.total;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4;
@@ -1265,7 +1281,7 @@ __device__ __forceinline__ void finish_query_rows(const BackwardIo& a, const Rul
                                                   uint16_t* qs, int64_t p0, const int64_t (&row)[2]) {
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const int64_t T = d.T, h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
   const int wrow = threadIdx.x / 32 * kWarpRows;
   const int64_t q_stride = d.Hq * Dh, kv_stride = d.Hkv * Dh;
@@ -1320,7 +1336,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BackwardIo a, const 
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);
@@ -1391,7 +1407,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   const Dims& d = a.dims;
   const int Dh = static_cast<int>(d.Dh);
-  const bool vec = Dh % 8 == 0;
+  const int vec = load_piece(Dh);
   const int64_t T = d.T, ntiles = (T + kTile - 1) / kTile;
   const int64_t p0 = (ntiles - 1 - blockIdx.x) * kTile;
   const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (d.Hq / d.Hkv);

@@ -173,7 +173,8 @@ void PrintTo(const Case& c, std::ostream* os) {
 }
 
 // Every padded-width instantiation (16, ..., 128, with Dh equal to and below the padded width:
-// the presets' 48, 60, 64, 80 and 128; Dh % 8 != 0 takes the unaligned load path), T = 1,
+// the presets' 48, 60, 64, 80 and 128; Dh % 8 == 4 takes 8-byte cp.async pieces and 50 the
+// element-wise loads), T = 1,
 // below, just above and several times the 64-row tile (the dK/dV loop over several query tiles,
 // 32-row query tiles at 128), B = 1, 2 and 3, H = 2, 4 and 8, exchange-only on and off,
 // τ_S ≠ 2, λ of both signs, and larger scores (|U| up to ~15: SiLU far from 0 on both sides).
@@ -187,7 +188,7 @@ const Case kCases[] = {
     {2, 64, 4, 64, false, 2.0, 0.5},   {3, 300, 4, 48, false, 2.0, 0.5},
     {2, 257, 4, 64, true, 2.0, 0.5},  {2, 191, 4, 80, false, 2.0, 0.5},
     {1, 129, 2, 60, false, 2.0, 0.5, 3.0}, {2, 150, 2, 128, false, 2.0, -0.3, 3.0},
-    {2, 100, 4, 80, true, 1.0, 0.5, 3.0},
+    {2, 100, 4, 80, true, 1.0, 0.5, 3.0}, {2, 90, 4, 50, false, 2.0, 0.5},
 };
 
 class GpuRelation : public ::testing::TestWithParam<Case> {};
@@ -269,8 +270,9 @@ void check_forward_backward(const Case& c) {
   if (c.T > 1) EXPECT_NE(dlambda_got, 0.0);
 }
 
-// The kernels load their tiles by TMA at head widths that are multiples of 8 and by cp.async at
-// the others (the cases of width 60 and 100).
+// The kernels load their tiles by TMA at head widths that are multiples of 8, by cp.async in
+// 8-byte pieces at the other multiples of 4 (the cases of width 60 and 100), element by element
+// at width 50.
 TEST_P(GpuRelation, ForwardAndBackwardMatchTheCpuReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   check_forward_backward(GetParam());
