@@ -523,6 +523,16 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     t.c = static_cast<uint16_t*>(out.raw());
     t.ldc = fwd ? N() : K();
     t.accumulate = accumulate;
+    // Equal output groups (of 8 columns or more) and a stored product: tiles leave by TMA stores.
+    const std::vector<int64_t> o_off = fwd ? widths_.out_offsets() : widths_.in_offsets();
+    const int64_t group_cols = o_off[1] - o_off[0];
+    bool equal = group_cols > 0 && group_cols % 8 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
+    for (size_t g = 1; g + 1 < o_off.size(); ++g) equal = equal && o_off[g + 1] - o_off[g] == group_cols;
+    if (equal && !accumulate) {
+      t.y = tma_map_groups_bf16(out.raw(), M, law_.q(), group_cols, t.ldc, detail::kAlgTmaRows, d.tma_stride);
+      t.out_group_cols = static_cast<int>(group_cols);
+      t.view_rows = static_cast<int>(M / d.tma_stride);
+    }
     detail::launch_algproj_tma(t, kernel.config, stream);
     return;
   }
@@ -588,7 +598,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj7|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj8|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

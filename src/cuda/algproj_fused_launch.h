@@ -62,9 +62,8 @@ struct AlgTmaConfig {
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
 };
 constexpr AlgTmaConfig kAlgTmaConfigs[] = {
-    {128, 4, 1, false}, {64, 6, 1, false},      {128, 8, 2, true},
-    {64, 12, 2, true},  {128, 4, 1, true},      {192, 3, 2, true, true},
-    {128, 5, 2, true, true},
+    {128, 4, 1, false}, {64, 6, 1, false}, {128, 7, 2, true},       {64, 12, 2, true},
+    {128, 4, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
@@ -87,6 +86,13 @@ struct AlgTmaArgs {
   uint16_t* c;  // [M, ldc] bf16: c = product (+ c when accumulate)
   int64_t ldc;
   bool accumulate;
+  // Where the pass's output groups are all out_group_cols wide (a multiple of 8) and the product
+  // is stored, not added: c as tma_map_groups_bf16 (64-row boxes, the rows of x's view), through
+  // which a warpgroup's tile leaves shared memory by TMA stores, clipped at the group's end and at
+  // view_rows (M / row_stride); out_group_cols 0: the warpgroups store from registers.
+  CUtensorMap y;
+  int out_group_cols;
+  int view_rows;
 };
 
 // The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K) × `cols` columns (N) of one

@@ -109,7 +109,9 @@ __device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
   return r;
 }
 
-template <int BN, int kStages>
+// kStaging: bytes after the zero operands (1024-byte aligned) where the row pass's warpgroups lay
+// out their tiles' products for the TMA stores (64 rows × BN columns each, as wgmma::Panels<BN>).
+template <int BN, int kStages, uint32_t kStaging = 0>
 struct TmaLayout {
   using A = wgmma::Panels<kAlgTmaChunk>;  // A chunk: 64 rows × 64 k (K-major)
   using B = wgmma::Panels<BN>;            // forward W chunk: 64 k × BN columns (MN-major)
@@ -123,7 +125,10 @@ struct TmaLayout {
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
   static_assert(2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) <= 1024,
                 "the barriers and headers fit below the zero operands");
-  static constexpr size_t kSmem = 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
+  static constexpr uint32_t kStagingAt = kStages * kStageBytes + 1024 + (kZeroBytes + 1023) / 1024 * 1024;
+  static constexpr size_t kSmem =
+      kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging : 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
+  static_assert(kSmem <= 227 * 1024, "the ring, its zero operands and the staging fit a block's shared memory");
 
   // The ring in the block's dynamic shared memory (1024-byte aligned for the 128-byte swizzle).
   struct Ring {
@@ -136,6 +141,7 @@ struct TmaLayout {
     __device__ TileMeta* headers() const { return reinterpret_cast<TileMeta*>(empty() + kStages); }
     __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
     __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
+    __device__ unsigned char* staging() const { return base + kStagingAt; }
     // By every thread, before a __syncthreads: the zero operands.
     __device__ void zero() const {
       for (uint32_t o = 16 * threadIdx.x; o < kZeroBytes; o += 16 * blockDim.x)
@@ -231,12 +237,64 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
   }
 }
 
+// The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
+// warpgroups' side by side; every warpgroup has a staging of 64 × BN products.
+template <int BN, int kStages, int kGroups, bool kCoop>
+using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128>;
+
+// A named barrier of one consumer warpgroup (ids 3 and 4: zero_slice_past has 1 and 2), by
+// immediate id (ptxas counts a register id as all 16).
+__device__ __forceinline__ void group_barrier(int group) {
+  if (group == 0)
+    asm volatile("bar.sync 3, %0;\n" ::"n"(kGroupThreads));
+  else
+    asm volatile("bar.sync 4, %0;\n" ::"n"(kGroupThreads));
+}
+
+// The epilogue by TMA stores: the warpgroup lays out its products (rows 16 warp + grp (+ 8),
+// columns 8 j + 2 tig, + 1) as bf16 in its staging, as wgmma::Panels<BN> (the 128-byte swizzle:
+// a warp's pairs fall in 32 distinct banks), and its first thread stores one 64-column box per
+// panel that starts before the tile's last column: whole 128-byte rows, clipped by the map at the
+// group's end and the view's last row. The staging is rewritten only after the previous tile's
+// stores have read it.
+template <int BN>
+__device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned char* staging, const AlgTmaArgs& p,
+                                          const TileMeta& m, int wcol, int group, int tid, int gwarp, int grp,
+                                          int tig) {
+  using P = wgmma::Panels<BN>;
+  if (tid == 0) bulk_wait_read();
+  group_barrier(group);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * gwarp + grp + 8 * half;
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * jj + 2 * half], acc[4 * jj + 2 * half + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(staging + P::offset(i, 8 * jj + 2 * tig)) = v;
+    }
+  }
+  fence_proxy_async_shared();  // the copy engine reads them next
+  group_barrier(group);
+  if (tid == 0) {
+    const int g = m.t.col0 / p.out_group_cols, c0 = m.t.col0 - g * p.out_group_cols + wcol;
+    const int cls = m.r_first % p.row_stride, i0 = m.r_first / p.row_stride;
+#pragma unroll
+    for (int pn = 0; pn < BN / 64; ++pn) {
+      if (wcol + 64 * pn >= m.t.ncols) break;
+      if (p.row_stride > 1)
+        tma::store_4d(&p.y, staging + pn * P::kPanelBytes, c0 + 64 * pn, g, cls, i0);
+      else
+        tma::store_3d(&p.y, staging + pn * P::kPanelBytes, c0 + 64 * pn, g, m.r_first);
+    }
+    tma::bulk_commit();
+  }
+}
+
 template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
-  // A tile's columns: one warpgroup's BN, or (cooperative) its warpgroups' side by side.
   constexpr int BT = (kCoop ? kGroups : 1) * BN;
-  using L = TmaLayout<BT, kStages>;
+  using L = RowLayout<BN, kStages, kGroups, kCoop>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
@@ -385,6 +443,14 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
     if (m.t.seg_count == 0) ++c;                  // its one stage carried the header alone
 
+    // A tile the map's clipping bounds (all 64 rows, or the view's last ones; its columns end
+    // with the tile or the group) leaves by TMA stores; others (accumulating, unequal groups, a
+    // short tile within a class's rows) store from registers.
+    if (p.out_group_cols > 0 &&
+        (m.t.row_count == kAlgTmaRows || m.r_first / p.row_stride + m.t.row_count == p.view_rows)) {
+      store_tile<BN>(acc, ring.staging() + group * BN * 128, p, m, wcol, group, tid, gwarp, grp, tig);
+      continue;
+    }
     // Accumulator (row 16 warp + grp (+ 8), columns wcol + 8 j + 2 tig, + 1) → bf16 pairs.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -406,6 +472,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       }
     }
   }
+  if (tid == 0) bulk_wait();  // the warpgroup's last stores are complete
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
@@ -524,7 +591,8 @@ template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
   launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative>>(
-      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.tile_cols(), cfg.stages>::kSmem, a.num_tiles, cfg.persistent, a, stream);
+      cfg.groups * kGroupThreads + 32, RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative>::kSmem,
+      a.num_tiles, cfg.persistent, a, stream);
 }
 
 template <int... I>

@@ -73,6 +73,24 @@ CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t l
                 fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld));
 }
 
+CUtensorMap tma_map_groups_bf16(void* base, int64_t rows, int64_t groups, int64_t group_cols, int64_t ld,
+                                int box_rows, int64_t row_stride) {
+  QV_CHECK(rows > 0 && groups > 0 && group_cols > 0 && group_cols % 8 == 0 && ld % 8 == 0 &&
+               ld >= groups * group_cols,
+           "tma: a [{}, {} x {}] matrix of column groups with leading dimension {} (needs group widths and ld "
+           "multiples of 8, ld >= the columns)",
+           rows, groups, group_cols, ld);
+  QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
+           row_stride);
+  const bool strided = row_stride > 1;
+  const cuuint64_t dims[4] = {u64(group_cols), u64(groups), strided ? u64(row_stride) : u64(rows),
+                              u64(rows / row_stride)};
+  const cuuint64_t strides[3] = {u64(group_cols) * 2, u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
+  const cuuint32_t box[4] = {64, 1, strided ? 1u : u32(box_rows), u32(box_rows)};
+  return encode(base, strided ? 4 : 3, dims, strides, box, box_rows,
+                fmt::format("the [{}, {} x {}] matrix (ld {})", rows, groups, group_cols, ld));
+}
+
 CUtensorMap tma_map_heads_bf16(const void* base, int64_t B, int64_t T, int64_t H, int64_t Dh, int box_rows,
                                int box_cols) {
   QV_CHECK(B > 0 && T > 0 && H > 0 && Dh > 0 && Dh % 8 == 0,

@@ -77,4 +77,23 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// Stores: the box of shared memory at `src` (laid out as a load of the same box would leave it)
+// to coordinates (c0, c1, c2[, c3]) of a rank-3 or rank-4 `map`, as one bulk group of the
+// issuing thread; the parts of the box outside the map's dimensions are not written. The writers
+// of `src` fence their stores (fence_proxy_async_shared) and synchronize with the issuing thread
+// first; `src` may be rewritten once bulk_wait_read (mma_ptx.cuh) returns.
+__device__ __forceinline__ void store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
 }  // namespace quiver::cuda::detail::tma

@@ -19,6 +19,14 @@ namespace quiver::cuda {
 CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                          int64_t row_stride = 1);
 
+// A row-major bf16 matrix [rows, groups · group_cols] (ld elements between rows, a multiple of
+// 8; group_cols a multiple of 8) seen per column group, for boxes of box_rows rows × 64 columns
+// of one group (128-byte swizzle): rank 3 {group_cols, groups, rows}, or with row_stride s > 1
+// rank 4 {group_cols, groups, s, rows / s} (the rows c2 + s c3, as tma_map_bf16). A box is clipped
+// at its group's last column and at the last row, so a store writes nothing past either.
+CUtensorMap tma_map_groups_bf16(void* base, int64_t rows, int64_t groups, int64_t group_cols, int64_t ld,
+                                int box_rows, int64_t row_stride = 1);
+
 // The heads of a bf16 [B, T, H, Dh] tensor (contiguous, Dh a multiple of 8) as a rank-4 map
 // {Dh, H, T, B}: boxes {box_cols, 1, box_rows, 1} at (c0, h, t0, b) hold rows t0 .. t0 +
 // box_rows − 1 of head h in batch b, columns c0 .., with the swizzle of box_cols-wide rows (16,
