@@ -61,9 +61,11 @@ struct AlgTmaConfig {
   bool cooperative = false;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
 };
+// The one-warpgroup configurations take at most half a multiprocessor's shared memory (ring,
+// zero operands and staging), so that two blocks run on each.
 constexpr AlgTmaConfig kAlgTmaConfigs[] = {
-    {128, 4, 1, false}, {64, 6, 1, false}, {128, 7, 2, true},       {64, 12, 2, true},
-    {128, 4, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true},
+    {128, 3, 1, false}, {64, 6, 1, false}, {128, 7, 2, true},       {64, 12, 2, true},
+    {128, 3, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
