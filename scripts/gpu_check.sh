@@ -20,12 +20,14 @@
 #             use and instruction counts in OUT_DIR/ncu-metrics.log, and a summary of both
 #   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
 #   ncu-algproj  Nsight Compute on the algebraic-projection forward chosen by calibration for one
-#             Table 1 row at M = 2048 (ALGPROJ_MODEL, default Qwen3-8B): calibrated first without
+#             Table 1 row (ALGPROJ_MODEL, default Qwen3-8B; ALGPROJ_M): calibrated first without
 #             the profiler (its kernel cache in OUT_DIR/ncu-kernel-cache), then the timed runs'
-#             first launches profiled, in OUT_DIR/ncu-algproj.log
+#             first launches profiled, in OUT_DIR/ncu-algproj.log, and their DRAM, L2 and L1 byte
+#             counts in OUT_DIR/ncu-algproj-bytes.log; ALGPROJ_M sets the rows (default 2048)
 #   model     quiver bench model --device cuda: the Relation, MHA and hybrid presets' training tok/s
 #   algtests  the algebraic-projection GPU tests (a few minutes)
-# Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL (ncu-algproj's row).
+# Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL and ALGPROJ_M (ncu-algproj's row
+# and rows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -110,7 +112,7 @@ for step in "${steps[@]}"; do
       if [ -z "$ncu_bin" ]; then
         summary+=("ncu-algproj: skipped (no ncu)")
       else
-        app=("$Q" bench algproj --device cuda --paper-q --model "${ALGPROJ_MODEL:-Qwen3-8B}" --m-list 2048
+        app=("$Q" bench algproj --device cuda --paper-q --model "${ALGPROJ_MODEL:-Qwen3-8B}" --m-list "${ALGPROJ_M:-2048}"
              --no-backward --quick --results-dir "$out/results-ncu-algproj")
         mkdir -p "$out/ncu-kernel-cache"
         QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj-calibrate "${app[@]}"
@@ -118,8 +120,13 @@ for step in "${steps[@]}"; do
           -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel)' -c 3 --section SpeedOfLight \
           --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
           --print-details all "${app[@]}"
-        grep -hE '^  [a-z].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued' \
-          "$out/ncu-algproj.log" | cut -c1-160
+        # The byte counts of docs/decisions.md's row-pass entries: DRAM, L2 -> L1, L2 write sectors.
+        QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj-bytes "$ncu_bin" --clock-control none \
+          -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel)' -c 3 --metrics \
+          dram__bytes_read.sum,dram__bytes_write.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum \
+          "${app[@]}"
+        grep -hE '^  [a-z].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|dram__|lts__|l1tex__' \
+          "$out/ncu-algproj.log" "$out/ncu-algproj-bytes.log" | cut -c1-160
       fi
       ;;
     model)
