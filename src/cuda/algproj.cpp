@@ -524,11 +524,10 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     t.ldc = fwd ? N() : K();
     t.accumulate = accumulate;
     // Equal output groups (of 8 columns or more) and a stored product: tiles leave by TMA stores.
-    const std::vector<int64_t> o_off = fwd ? widths_.out_offsets() : widths_.in_offsets();
-    const int64_t group_cols = o_off[1] - o_off[0];
-    bool equal = group_cols > 0 && group_cols % 8 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
-    for (size_t g = 1; g + 1 < o_off.size(); ++g) equal = equal && o_off[g + 1] - o_off[g] == group_cols;
-    if (equal && !accumulate) {
+    const std::vector<int64_t>& groups = fwd ? widths_.out : widths_.in;
+    const int64_t group_cols = groups[0];
+    const bool equal = std::all_of(groups.begin(), groups.end(), [&](int64_t w) { return w == group_cols; });
+    if (equal && group_cols % 8 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0 && !accumulate) {
       t.y = tma_map_groups_bf16(out.raw(), M, law_.q(), group_cols, t.ldc, detail::kAlgTmaRows, d.tma_stride);
       t.out_group_cols = static_cast<int>(group_cols);
       t.view_rows = static_cast<int>(M / d.tma_stride);

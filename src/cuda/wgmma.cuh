@@ -737,7 +737,7 @@ __device__ __forceinline__ void mma<128, 1>(float (&d)[64], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// N = 192, A and B in shared memory, A K-major (the algebraic row pass's cooperative tiles).
+// N = 192, A and B in shared memory, A K-major (the algebraic row pass's 192-column warpgroups).
 template <int kTransB>
 __device__ __forceinline__ void mma_n192(float (&d)[96], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   asm volatile(
