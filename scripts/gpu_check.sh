@@ -7,7 +7,7 @@
 # one file to copy back.
 #
 #   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [ncu] [algproj] [ncu-algproj] [model]
-#                        [algtests]
+#                        [algmodel] [algtests]
 #
 #   tests     the GPU test suite but the algebraic-projection tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
@@ -25,6 +25,8 @@
 #             first launches profiled, in OUT_DIR/ncu-algproj.log, and their DRAM, L2 and L1 byte
 #             counts in OUT_DIR/ncu-algproj-bytes.log; ALGPROJ_M sets the rows (default 2048)
 #   model     quiver bench model --device cuda: the Relation, MHA and hybrid presets' training tok/s
+#   algmodel  quiver bench model --device cuda: alg110m-q2x2 against alg110m-dense, training tok/s and
+#             generation at batch 1 and 64, in one process
 #   algtests  the algebraic-projection GPU tests (a few minutes)
 # Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL and ALGPROJ_M (ncu-algproj's row
 # and rows).
@@ -37,7 +39,7 @@ fi
 out="$1"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation algproj model algtests)
+[ ${#steps[@]} -eq 0 ] && steps=(tests memcheck relation algproj model algmodel algtests)
 limit="${LIMIT:-540}"
 mkdir -p "$out/results"
 summary=()
@@ -133,7 +135,11 @@ for step in "${steps[@]}"; do
       run model "$Q" bench model --device cuda --generate "" --results-dir "$out/results" --train \
         rel10m-relation:64:1024,rel10m-mha:64:1024,rel30m-relation:16:2048,rel30m-mha:16:2048,rel100m-relation:4:4096,rel100m-mha:4:4096,hybrid30m:16:2048
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algtests)"; exit 2 ;;
+    algmodel)
+      run algmodel "$Q" bench model --device cuda --results-dir "$out/results" \
+        --train alg110m-dense:40:1536,alg110m-q2x2:40:1536 --generate alg110m-dense,alg110m-q2x2 --batches 1,64
+      ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests)"; exit 2 ;;
   esac
 done
 
