@@ -110,9 +110,15 @@ __device__ __forceinline__ void store_slot(const float (&acc)[MI][NI][4], float*
 // ---- Row pass -------------------------------------------------------------------------------
 // Persistent: a block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... and its pipeline runs
 // across them, so the next tile's first chunks load while a tile finishes and writes out (the
-// tiles are short: a Q_q forward tile reduces over 2·K/q columns).
+// tiles are short: a Q_q forward tile reduces over 2·K/q columns). The loader and the compute
+// side each fetch the record of their next tile one tile ahead, so starting a tile waits on
+// the loads that record points to (rows, segments), not on the record too.
+// At most 128 registers a thread (as many blocks as 128 registers leave room for): unbounded,
+// the prefetched records took most configurations from 128 to 164-168 registers, which left a
+// 256-thread block alone on its multiprocessor; bounded, ptxas spills a few dozen to a few
+// hundred bytes in some, and calibration timed them as before or faster (docs/decisions.md).
 template <int I, bool kBTrans, int VEC>
-__global__ void __launch_bounds__(RowCfg<I>::kThreads)
+__global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowCfg<I>::kThreads * 128)))
     algproj_rows_kernel(const AlgRowArgs p) {
   using G = RowCfg<I>;
   constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI, BM = G::BM, BN = G::BN, WM = G::WM, WN = G::WN;
@@ -130,15 +136,19 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads)
   // ---- loader: walks (tile, segment, offset) one chunk at a time ----
   int lt = blockIdx.x;  // tile being loaded
   ops::AlgRowTile ltile{};
+  int lnext_i = blockIdx.x;  // the tile whose record lnext holds
+  ops::AlgRowTile lnext = lnext_i < p.num_tiles ? p.tiles[lnext_i] : ops::AlgRowTile{};
   ops::AlgSegment lseg{0, 0};
   int lseg_i = 0, loff = 0;
   int32_t a_row[kAPerThread];  // this thread's A rows in the loaded tile (-1: none)
   auto begin_tile = [&] {
     for (; lt < p.num_tiles; lt += gridDim.x) {
-      ltile = p.tiles[lt];
+      ltile = lt == lnext_i ? lnext : p.tiles[lt];
       if (ltile.seg_count > 0) break;  // tiles without segments only write zeros
     }
     if (lt >= p.num_tiles) return;
+    lnext_i = lt + gridDim.x;
+    if (lnext_i < p.num_tiles) lnext = p.tiles[lnext_i];
     lseg_i = 0;
     loff = 0;
     lseg = p.segments[ltile.seg_begin];
@@ -198,8 +208,10 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads)
     cp_async_commit();
   }
   int step = 0;  // chunks consumed by this block
+  ops::AlgRowTile tnext = blockIdx.x < p.num_tiles ? p.tiles[blockIdx.x] : ops::AlgRowTile{};
   for (int ct = blockIdx.x; ct < p.num_tiles; ct += gridDim.x) {
-    const ops::AlgRowTile t = p.tiles[ct];
+    const ops::AlgRowTile t = tnext;
+    if (ct + gridDim.x < p.num_tiles) tnext = p.tiles[ct + gridDim.x];
     int chunks = 0;
     for (int s = 0; s < t.seg_count; ++s) chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
     int32_t out_row[MI][2];  // output rows of this thread's accumulators (-1: none)
