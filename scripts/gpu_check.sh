@@ -29,7 +29,7 @@
 #             generation at batch 1 and 64, in one process
 #   algtests  the algebraic-projection GPU tests (a few minutes)
 # Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL and ALGPROJ_M (ncu-algproj's row
-# and rows).
+# and rows), NO_BUILD=1 (run the binaries already in build/, built elsewhere for sm_90a).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -47,13 +47,16 @@ summary=()
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 start=$(date +%s)
-if ! { cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release && cmake --build build -j "$(nproc)"; } \
+if [ "${NO_BUILD:-0}" = 1 ]; then
+  summary+=("build: skipped (NO_BUILD=1)")
+elif ! { cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release && cmake --build build -j "$(nproc)"; } \
     > "$out/build.log" 2>&1; then
   tail -40 "$out/build.log"
   echo "build failed (log: $out/build.log)"
   exit 1
+else
+  summary+=("build: ok in $(( $(date +%s) - start )) s")
 fi
-summary+=("build: ok in $(( $(date +%s) - start )) s")
 tests=build/tests/quiver_gpu_tests
 Q=build/bin/quiver
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)  # memory checker
