@@ -299,9 +299,9 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Tma) {
     const bool dw = pass == ops::AlgPass::DW;
     const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}x{}{}{}{}{}", detail::kAlgTmaRows, c.tile_cols(), detail::kAlgTmaChunk,
-                       c.stages, c.groups > 1 ? fmt::format(" {}wg", c.groups) : "",
-                       c.cooperative ? " cooperative" : "", c.persistent ? " persistent" : "", k.split ? " split" : "");
+    return fmt::format("tma {}x{} k{}x{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk, c.stages,
+                       c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.cooperative ? " cooperative" : "",
+                       c.tall ? " tall" : "", c.persistent ? " persistent" : "", k.split ? " split" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
@@ -353,9 +353,10 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     tile_rows = detail::kAlgGemvConfigs[kernel.config].rows;
     tile_cols = detail::kAlgGemvConfigs[kernel.config].cols;
   } else if (kernel.kind == AlgKernel::Kind::Tma) {
-    tile_rows = detail::kAlgTmaRows;
-    tile_cols =
-        (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config].tile_cols();
+    const detail::AlgTmaConfig& c =
+        (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config];
+    tile_rows = detail::kAlgTmaRows;  // a tall configuration pairs the plan's tiles
+    tile_cols = c.tile_cols();
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;
     tile_cols = kernel_config(pass, kernel.config).cols;
@@ -398,8 +399,9 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
                                  Device::CUDA);
   } else {
     // The TMA forward has no reduction pass: its plans are not split.
-    const ops::AlgRowPlan p =
+    ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
+    if (kernel.kind == AlgKernel::Kind::Tma && detail::kAlgTmaConfigs[kernel.config].tall) ops::pair_row_tiles(p);
     if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
@@ -597,7 +599,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj9|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj10|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

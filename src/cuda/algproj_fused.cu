@@ -202,6 +202,8 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
   const int warp_row0 = (warp / WN) * (BM / WM), warp_col0 = (warp % WN) * (BN / WN);
   const int grp = lane >> 2, tig = lane & 3;
   begin_tile();
+  pdl_trigger();  // a programmatic dependent (block_launch.cuh): the plan before, x, W and c after
+  pdl_wait();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     load(s);
@@ -329,6 +331,8 @@ __global__ void __launch_bounds__(WeightCfg<I>::kThreads)
 
   float acc[MI][NI][4] = {};
   const int warp_row0 = (warp / WN) * (BM / WM), warp_col0 = (warp % WN) * (BN / WN);
+  pdl_trigger();  // a programmatic dependent (block_launch.cuh): x, dY and dW only after the wait
+  pdl_wait();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < chunks) load(s, s);

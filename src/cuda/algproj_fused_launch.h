@@ -50,25 +50,32 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 // boxes a producer warp loads by TMA into a ring of `stages` 64-deep chunks, consumed by
 // `groups` warpgroups' wgmma of `cols` columns each: taking the block's tiles of `cols` columns
 // in turn, or (`cooperative`) side by side on tiles of groups · cols columns, so that a tile's
-// rows of x are read once for all of them; one block per tile, or `persistent` (as many blocks
+// rows of x are read once for all of them, or (`tall`, two warpgroups) one above the other on
+// pair tiles (ops::pair_row_tiles): two 64-row tiles of the same columns, of one class (a class
+// of 128 rows or more: Q_16 at M = 2048, training's M) or of two whose reductions share a part
+// (Q_q's diagonal block), so that the shared part's W is read once for both; one block per
+// tile, or `persistent` (as many blocks
 // as fit, each walking every gridDim-th tile). Plans whose tiles' rows are progressions of one
 // stride (cyclic or interval types), group offsets that are multiples of 8 (a box's first column
 // on a 16-byte boundary), the input and W 16-byte aligned, K and N multiples of 8 (AlgProj
 // checks); segments of any length.
+inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
   bool cooperative = false;
+  bool tall = false;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
+  constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
 };
 // The one-warpgroup configurations take at most half a multiprocessor's shared memory (ring,
 // zero operands and staging), so that two blocks run on each.
 constexpr AlgTmaConfig kAlgTmaConfigs[] = {
     {128, 3, 1, false}, {64, 6, 1, false}, {128, 7, 2, true},       {64, 12, 2, true},
-    {128, 3, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true},
+    {128, 3, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true}, {64, 8, 2, true, false, true},
+    {128, 5, 2, true, false, true}, {192, 4, 2, true, false, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
-inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 
 struct AlgTmaArgs {
   // A: x [M, K] (forward) or dY [M, N] (dX), boxes {64, 64 rows} (row_stride 1) or

@@ -4,7 +4,9 @@
 // blockIdx.x + gridDim.x, ...: one block per tile (grid = tiles), or persistent (grid = the
 // blocks that fit at once), its consumer warpgroups taking its tiles in turn (BT = BN), or
 // cooperative: side by side on each tile (BT = groups · BN), each on its BN columns of every
-// stage, so that the tile's x is read from L2 once for all of them. The pass moves far more
+// stage, so that the tile's x is read from L2 once for all of them, or tall: two warpgroups one
+// above the other on tiles of 128 rows (a stage holds both 64-row A chunks and one W chunk), so
+// that the tile's W is read from L2 once for both. The pass moves far more
 // bytes than it has products for (a tile reduces over 2·K/q), so its time follows the bytes its
 // tiles read: W's two blocks and x's two segments per tile.
 //
@@ -40,6 +42,7 @@
 #include "cuda/block_launch.cuh"
 #include "cuda/check.h"
 #include "cuda/mma_ptx.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -51,7 +54,8 @@ constexpr int kGroupThreads = 128;
 // A row-pass tile as the producer warp reads it, and as its first stage's header tells the
 // consumers (in shared memory beside the ring's barriers, written before the stage's full
 // barrier is armed and read after it completes, so the consumers read no plan metadata from
-// global memory): the tile's record, its first row and its first kMetaSegs segments (the rest,
+// global memory): the tile's record, the first row of each of its 64-row boxes (a tall tile's
+// second may start anywhere: ops::uniform_row_stride), its first kMetaSegs segments (the rest,
 // rare, from the plan). Every tile takes at least one stage: one with no segments takes one
 // that carries only its header (its output is zero). A header with row_count 0 ends the walk.
 // The producer warp reads the block's tiles kMetaBatch at a time: lane l loads tile first +
@@ -59,7 +63,7 @@ constexpr int kGroupThreads = 128;
 inline constexpr int kMetaBatch = 32, kMetaSegs = 4;
 struct TileMeta {
   ops::AlgRowTile t;
-  int r_first;
+  int r_first, r_second;  // rows[0] and (tall tiles of more than 64 rows) rows[64]
   ops::AlgSegment seg[kMetaSegs];
 };
 // Segment sg of a tile, from its header where it holds it.
@@ -80,11 +84,48 @@ __device__ __forceinline__ int tile_stages(const TileMeta& m, const AlgTmaArgs& 
   for (int sg = 0; sg < m.t.seg_count; ++sg) n += (tile_segment(m, p, sg).len + kAlgTmaChunk - 1) / kAlgTmaChunk;
   return max(n, 1);
 }
+// A tile's chunks in the order the producer loads them and the consumers take them: its shared
+// segments' (owner 2: every row of the tile), then, in a pair tile, its two row sets' own
+// segments' in turn (owner 0, 1, 0, ...; the longer list's rest last). A chunk is 64 k from k0,
+// or a segment's tail of `valid` < 64.
+struct ChunkWalk {
+  int i0, off0, e0, i1, off1, e1, i2, off2, e2;  // each list's segment, offset, end
+  bool turn_b = false;                            // the own list to take next: the second
+  __device__ explicit ChunkWalk(const TileMeta& m)
+      : i0(0), off0(0), e0(m.t.seg_count - m.t.own_a - m.t.own_b), i1(e0), off1(0), e1(e0 + m.t.own_a), i2(e1),
+        off2(0), e2(m.t.seg_count) {}
+  __device__ static bool take(const TileMeta& m, const AlgTmaArgs& p, int& i, int& off, int e, int& k0,
+                              int& valid) {
+    if (i >= e) return false;
+    const ops::AlgSegment seg = tile_segment(m, p, i);
+    k0 = seg.k0 + off;
+    valid = min(kAlgTmaChunk, seg.len - off);
+    off += kAlgTmaChunk;
+    if (off >= seg.len) {
+      ++i;
+      off = 0;
+    }
+    return true;
+  }
+  __device__ bool next(const TileMeta& m, const AlgTmaArgs& p, int& k0, int& valid, int& owner) {
+    owner = 2;
+    if (take(m, p, i0, off0, e0, k0, valid)) return true;
+    for (int tries = 0; tries < 2; ++tries) {
+      const bool b = turn_b;
+      turn_b = !turn_b;
+      owner = b ? 1 : 0;
+      if (b ? take(m, p, i2, off2, e2, k0, valid) : take(m, p, i1, off1, e1, k0, valid)) return true;
+    }
+    return false;
+  }
+};
+
 __device__ __forceinline__ TileMeta load_tile_meta(const AlgTmaArgs& p, int tile) {
   TileMeta m{};
   if (tile < p.num_tiles) {
     m.t = p.tiles[tile];
     m.r_first = p.rows[m.t.row_begin];
+    m.r_second = m.t.row_count > kAlgTmaRows ? p.rows[m.t.row_begin + kAlgTmaRows] : 0;
 #pragma unroll
     for (int s = 0; s < kMetaSegs; ++s)
       if (s < m.t.seg_count) m.seg[s] = p.segments[m.t.seg_begin + s];
@@ -100,7 +141,10 @@ __device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
   r.t.seg_begin = __shfl_sync(0xffffffffu, m.t.seg_begin, src);
   r.t.seg_count = __shfl_sync(0xffffffffu, m.t.seg_count, src);
   r.t.slot = -1;
+  r.t.own_a = static_cast<int16_t>(__shfl_sync(0xffffffffu, static_cast<int>(m.t.own_a), src));
+  r.t.own_b = static_cast<int16_t>(__shfl_sync(0xffffffffu, static_cast<int>(m.t.own_b), src));
   r.r_first = __shfl_sync(0xffffffffu, m.r_first, src);
+  r.r_second = __shfl_sync(0xffffffffu, m.r_second, src);
 #pragma unroll
   for (int s = 0; s < kMetaSegs; ++s) {
     r.seg[s].k0 = __shfl_sync(0xffffffffu, m.seg[s].k0, src);
@@ -111,23 +155,24 @@ __device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
 
 // kStaging: bytes after the zero operands (1024-byte aligned) where the row pass's warpgroups lay
 // out their tiles' products for the TMA stores (64 rows × BN columns each, as wgmma::Panels<BN>).
-template <int BN, int kStages, uint32_t kStaging = 0>
+// kAHalves: 64-row A chunks per stage (2: a tall tile's, one per warpgroup, one after the other).
+template <int BN, int kStages, uint32_t kStaging = 0, int kAHalves = 1>
 struct TmaLayout {
   using A = wgmma::Panels<kAlgTmaChunk>;  // A chunk: 64 rows × 64 k (K-major)
   using B = wgmma::Panels<BN>;            // forward W chunk: 64 k × BN columns (MN-major)
   // dX's W chunk is BN rows × 64 k, one K-major panel of 128-byte rows: A's layout, BN rows.
   static constexpr uint32_t kBBytes = BN * 128;
   static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
-  static constexpr uint32_t kStageBytes = A::kBytes + kBBytes;
+  static constexpr uint32_t kABytes = kAHalves * A::kBytes;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // full[kStages] and empty[kStages] barriers and the stages' headers after the stages, then
   // (1024-byte aligned) the zero operands of a tail's steps past its slices: one A slice (64 rows
   // × 16 k) and BN × 16 of W.
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
-  static_assert(2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) <= 1024,
-                "the barriers and headers fit below the zero operands");
-  static constexpr uint32_t kStagingAt = kStages * kStageBytes + 1024 + (kZeroBytes + 1023) / 1024 * 1024;
-  static constexpr size_t kSmem =
-      kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging : 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
+  static constexpr uint32_t kMetaBytes = (2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) + 1023) / 1024 * 1024;
+  static constexpr uint32_t kStagingAt = kStages * kStageBytes + kMetaBytes + (kZeroBytes + 1023) / 1024 * 1024;
+  static constexpr size_t kSmem = kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging
+                                               : 1024 + size_t(kStages) * kStageBytes + kMetaBytes + kZeroBytes;
   static_assert(kSmem <= 227 * 1024, "the ring, its zero operands and the staging fit a block's shared memory");
 
   // The ring in the block's dynamic shared memory (1024-byte aligned for the 128-byte swizzle).
@@ -135,11 +180,11 @@ struct TmaLayout {
     unsigned char* base;
     __device__ explicit Ring(unsigned char* raw) : base(raw + (1024 - smem_addr(raw) % 1024) % 1024) {}
     __device__ unsigned char* a(int s) const { return base + s * kStageBytes; }
-    __device__ unsigned char* b(int s) const { return a(s) + A::kBytes; }
+    __device__ unsigned char* b(int s) const { return a(s) + kABytes; }
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
     __device__ TileMeta* headers() const { return reinterpret_cast<TileMeta*>(empty() + kStages); }
-    __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
+    __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + kMetaBytes; }
     __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
     __device__ unsigned char* staging() const { return base + kStagingAt; }
     // By every thread, before a __syncthreads: the zero operands.
@@ -161,6 +206,21 @@ struct TmaLayout {
   };
 };
 
+// bar.sync of kThreads threads on barrier `id` (1-6), by immediate id: ptxas counts a register id as
+// all 16. 1 and 2: zero_slice_past (all consumers, or one warpgroup of two taking turns); 3 and 4:
+// group_barrier; 5 and 6: zero_slice_past by one warpgroup of a pair tile on its own chunk.
+template <int kThreads>
+__device__ __forceinline__ void named_barrier(int id) {
+  switch (id) {
+    case 1: asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads)); break;
+    case 2: asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads)); break;
+    case 3: asm volatile("bar.sync 3, %0;\n" ::"n"(kThreads)); break;
+    case 4: asm volatile("bar.sync 4, %0;\n" ::"n"(kThreads)); break;
+    case 5: asm volatile("bar.sync 5, %0;\n" ::"n"(kThreads)); break;
+    default: asm volatile("bar.sync 6, %0;\n" ::"n"(kThreads)); break;
+  }
+}
+
 // A segment's tail: `valid` < 64 of its k, loaded as ceil(valid / 16) slices of 16 k.
 inline constexpr int kSlice = 16;
 __host__ __device__ constexpr int tail_slices(int valid) { return (valid + kSlice - 1) / kSlice; }
@@ -174,17 +234,19 @@ __device__ __forceinline__ unsigned char* w_slice_t(unsigned char* b, int s) {  
 }
 
 // A tail whose last slice runs past the segment (valid % 16 != 0): the kThreads threads that read
-// the stage (one warpgroup, or a cooperative tile's warpgroups) zero that slice's x columns and W
-// rows (forward) or columns (dX) from `valid` on, all BT of them, so that no k16 step adds
-// anything of the next group. tid: the thread's index among them; barrier: their named barrier
-// (1 or 2).
-template <int BT, bool kTransW, int kThreads>
+// the stage (one warpgroup, or a cooperative or tall tile's warpgroups) zero that slice's x
+// columns (of each of the stage's kHalves 64-row A chunks) and W rows (forward) or columns (dX)
+// from `valid` on, all BT of them, so that no k16 step adds anything of the next group. tid: the
+// thread's index among them; barrier: their named barrier (1, 2, 5 or 6).
+template <int BT, bool kTransW, int kThreads, int kHalves = 1>
 __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char* b, int valid, int tid, int barrier) {
   using B = wgmma::Panels<BT>;
   const int s = valid / kSlice, from = valid % kSlice, width = kSlice - from;
-  unsigned char* as = a_slice(a, s);
-  for (int e = tid; e < kAlgTmaRows * width; e += kThreads)
-    *reinterpret_cast<uint16_t*>(as + SlicePanel::offset(e / width, from + e % width)) = 0;
+  for (int e = tid; e < kHalves * kAlgTmaRows * width; e += kThreads) {
+    const int h = e / (kAlgTmaRows * width), r = e % (kAlgTmaRows * width);
+    unsigned char* as = a_slice(a + h * wgmma::Panels<kAlgTmaChunk>::kBytes, s);
+    *reinterpret_cast<uint16_t*>(as + SlicePanel::offset(r / width, from + r % width)) = 0;
+  }
   if constexpr (kTransW) {  // the slice's W columns from `from` on, in each of its BT rows
     unsigned char* bs = w_slice_t<BT>(b, s);
     for (int e = tid; e < BT * width; e += kThreads)
@@ -194,10 +256,7 @@ __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char*
       *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BT / 8), e % (BT / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async_shared();  // the tensor cores read them next
-  if (barrier == 1)  // these threads only (an immediate id: ptxas counts a register id as all 16)
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
-  else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads));
+  named_barrier<kThreads>(barrier);
 }
 
 // The four k16 steps of one stage for the BN columns from wcol of its BT (a warpgroup's share of
@@ -238,29 +297,24 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
 }
 
 // The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
-// warpgroups' side by side; every warpgroup has a staging of 64 × BN products.
-template <int BN, int kStages, int kGroups, bool kCoop>
-using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128>;
+// warpgroups' side by side; a tall tile's stage holds two 64-row A chunks; every warpgroup has a
+// staging of 64 × BN products.
+template <int BN, int kStages, int kGroups, bool kCoop, bool kTall>
+using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128, kTall ? 2 : 1>;
 
-// A named barrier of one consumer warpgroup (ids 3 and 4: zero_slice_past has 1 and 2), by
-// immediate id (ptxas counts a register id as all 16).
-__device__ __forceinline__ void group_barrier(int group) {
-  if (group == 0)
-    asm volatile("bar.sync 3, %0;\n" ::"n"(kGroupThreads));
-  else
-    asm volatile("bar.sync 4, %0;\n" ::"n"(kGroupThreads));
-}
+// The named barrier of one consumer warpgroup (3 or 4).
+__device__ __forceinline__ void group_barrier(int group) { named_barrier<kGroupThreads>(3 + group); }
 
 // The epilogue by TMA stores: the warpgroup lays out its products (rows 16 warp + grp (+ 8),
 // columns 8 j + 2 tig, + 1) as bf16 in its staging, as wgmma::Panels<BN> (the 128-byte swizzle:
 // a warp's pairs fall in 32 distinct banks), and its first thread stores one 64-column box per
 // panel that starts before the tile's last column: whole 128-byte rows, clipped by the map at the
 // group's end and the view's last row. The staging is rewritten only after the previous tile's
-// stores have read it.
+// stores have read it. r0: the first of the warpgroup's 64 rows.
 template <int BN>
 __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned char* staging, const AlgTmaArgs& p,
-                                          const TileMeta& m, int wcol, int group, int tid, int gwarp, int grp,
-                                          int tig) {
+                                          const TileMeta& m, int r0, int wcol, int group, int tid, int gwarp,
+                                          int grp, int tig) {
   using P = wgmma::Panels<BN>;
   if (tid == 0) bulk_wait_read();
   group_barrier(group);
@@ -277,24 +331,27 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned 
   group_barrier(group);
   if (tid == 0) {
     const int g = m.t.col0 / p.out_group_cols, c0 = m.t.col0 - g * p.out_group_cols + wcol;
-    const int cls = m.r_first % p.row_stride, i0 = m.r_first / p.row_stride;
+    const int cls = r0 % p.row_stride, i0 = r0 / p.row_stride;
 #pragma unroll
     for (int pn = 0; pn < BN / 64; ++pn) {
       if (wcol + 64 * pn >= m.t.ncols) break;
       if (p.row_stride > 1)
         tma::store_4d(&p.y, staging + pn * P::kPanelBytes, c0 + 64 * pn, g, cls, i0);
       else
-        tma::store_3d(&p.y, staging + pn * P::kPanelBytes, c0 + 64 * pn, g, m.r_first);
+        tma::store_3d(&p.y, staging + pn * P::kPanelBytes, c0 + 64 * pn, g, r0);
     }
     tma::bulk_commit();
   }
 }
 
-template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop>
+template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
+  static_assert(!kTall || (kGroups == 2 && !kCoop), "a tall tile is two warpgroups' rows");
   constexpr int BT = (kCoop ? kGroups : 1) * BN;
-  using L = RowLayout<BN, kStages, kGroups, kCoop>;
+  constexpr bool kEvery = kCoop || kTall;  // every warpgroup computes every tile
+  constexpr int kHalves = kTall ? 2 : 1;
+  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
@@ -303,6 +360,9 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   if (threadIdx.x == 0) ring.init(kGroups);  // every consumer warpgroup passes every stage
   ring.zero();
   __syncthreads();
+  // A programmatic dependent (block_launch.cuh): the set-up above and the producer's first plan
+  // batch run while the kernel before finishes; x, W and c are touched only after the wait.
+  pdl_trigger();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -319,31 +379,46 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     };
     for (int first = blockIdx.x; first < p.num_tiles; first += kMetaBatch * gridDim.x) {
       const TileMeta mine = load_tile_meta(p, first + lane * gridDim.x);
+      if (first == blockIdx.x) pdl_wait();
       for (int b = 0; b < kMetaBatch && first + b * gridDim.x < p.num_tiles; ++b) {
         const TileMeta m = shfl_tile_meta(mine, b);
         if (lane != 0) continue;
         const ops::AlgRowTile& t = m.t;
-        const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
+        // Each box's first row: as (class, index) in the strided view, or the row itself.
+        int box_row[kHalves], box_cls[kHalves];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          const int r = h == 0 ? m.r_first : m.r_second;
+          box_cls[h] = r % s_rows;
+          box_row[h] = s_rows > 1 ? r / s_rows : r;
+        }
         // W boxes past the tile's columns are not loaded (a group narrower than the tile, or its
         // last tile): forward, 64-column panels; dX, a warpgroup's BN rows. The products over the
         // stale bytes there land in columns the epilogue does not store.
         const int w_boxes = kTransW ? (t.ncols + BN - 1) / BN : (t.ncols + 63) / 64;
         constexpr uint32_t kBoxBytes = kTransW ? BN * 128 : L::B::kPanelBytes;
         constexpr uint32_t kBoxSliceBytes = kTransW ? BN * kSlice * 2 : kSlice * 128;
+        // A tall tile's second 64 rows, where it has them.
+        const int halves = kTall && t.row_count > kAlgTmaRows ? 2 : 1;
         const int c_first = c;
-        for (int sg = 0; sg < t.seg_count; ++sg) {
-          const ops::AlgSegment seg = tile_segment(m, p, sg);
-          for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
-            const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+        ChunkWalk walk(m);
+        for (int k0, valid, owner; walk.next(m, p, k0, valid, owner); ++c) {
+          {
             const int stage = take(c == c_first, m);
             unsigned char* a = ring.a(stage);
             unsigned char* b = ring.b(stage);
+            // The A boxes [h_lo, h_hi): every row set's for a shared chunk, else its owner's.
+            const int h_lo = owner == 2 ? 0 : owner, h_hi = owner == 2 ? halves : owner + 1;
             if (valid == kAlgTmaChunk) {
-              tma::arrive_expect(&full[stage], L::A::kBytes + w_boxes * kBoxBytes);
-              if (s_rows > 1)
-                tma::load_3d(a, &p.x, &full[stage], k0, cls, i0);
-              else
-                tma::load_2d(a, &p.x, &full[stage], k0, m.r_first);
+              tma::arrive_expect(&full[stage], (h_hi - h_lo) * L::A::kBytes + w_boxes * kBoxBytes);
+#pragma unroll
+              for (int h = 0; h < kHalves; ++h) {
+                if (h < h_lo || h >= h_hi) continue;
+                if (s_rows > 1)
+                  tma::load_3d(a + h * L::A::kBytes, &p.x, &full[stage], k0, box_cls[h], box_row[h]);
+                else
+                  tma::load_2d(a + h * L::A::kBytes, &p.x, &full[stage], k0, box_row[h]);
+              }
               if constexpr (kTransW) {
 #pragma unroll
                 for (int g = 0; g < BT / BN; ++g)
@@ -355,13 +430,19 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
               }
             } else {  // the tail, slice by slice
               const int n = tail_slices(valid);
-              tma::arrive_expect(&full[stage], n * (kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
+              tma::arrive_expect(&full[stage],
+                                 n * ((h_hi - h_lo) * kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
               for (int sl = 0; sl < n; ++sl) {
                 const int k = k0 + kSlice * sl;
-                if (s_rows > 1)
-                  tma::load_3d(a_slice(a, sl), &p.x16, &full[stage], k, cls, i0);
-                else
-                  tma::load_2d(a_slice(a, sl), &p.x16, &full[stage], k, m.r_first);
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) {
+                  if (h < h_lo || h >= h_hi) continue;
+                  unsigned char* ah = a_slice(a + h * L::A::kBytes, sl);
+                  if (s_rows > 1)
+                    tma::load_3d(ah, &p.x16, &full[stage], k, box_cls[h], box_row[h]);
+                  else
+                    tma::load_2d(ah, &p.x16, &full[stage], k, box_row[h]);
+                }
                 if constexpr (kTransW) {
 #pragma unroll
                   for (int g = 0; g < BT / BN; ++g)
@@ -391,9 +472,11 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     return;
   }
 
+  pdl_wait();  // before the consumers write c
   const int group = warp / 4, gwarp = warp % 4, tid = threadIdx.x % kGroupThreads;
   const int grp = lane / 4, tig = lane % 4;
-  const int wcol = kCoop ? BN * group : 0;  // this warpgroup's first column of a tile
+  const int wcol = kCoop ? BN * group : 0;         // this warpgroup's first column of a tile
+  const int row0 = kTall ? kAlgTmaRows * group : 0;  // and its first row
   float acc[BN / 2];
   // Every consumer warpgroup passes every stage in order; it computes the chunks of its tiles
   // (all of them when cooperative, else every kGroups-th of the block's tiles) and releases the
@@ -404,7 +487,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     tma::wait(&full[first], (c / kStages) & 1);
     const TileMeta m = headers[first];
     if (m.t.row_count == 0) break;
-    if (!kCoop && kGroups > 1 && j % kGroups != group) {  // another warpgroup's tile: pass its stages
+    if (!kEvery && kGroups > 1 && j % kGroups != group) {  // another warpgroup's tile: pass its stages
       const int n = tile_stages(m, p);
       __syncwarp();  // every lane has read the header
       for (int i = 0; i < n; ++i, ++c) {
@@ -416,47 +499,56 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
     int pending = first;  // the stage whose products are still in flight (or the header's)
-    for (int sg = 0; sg < m.t.seg_count; ++sg) {
-      const ops::AlgSegment seg = tile_segment(m, p, sg);
-      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
-        const int stage = c % kStages;
-        tma::wait(&full[stage], (c / kStages) & 1);
-        const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-        unsigned char* a = ring.a(stage);
-        unsigned char* b = ring.b(stage);
-        if (valid % kSlice != 0) {
-          if constexpr (kCoop)
-            zero_slice_past<BT, kTransW, kGroups * kGroupThreads>(a, b, valid, threadIdx.x, 1);
-          else
-            zero_slice_past<BT, kTransW, kGroupThreads>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
-        }
-        chunk_products<BN, BT, kTransW>(acc, a, b, wcol, tail_slices(valid), ring.zero_a(), ring.zero_b());
-        wgmma::commit();
-        // The previous chunk's products are done: its stage is free once every warp's share of
-        // the products has read it (wait_group completes the executing warp's).
-        wgmma::wait<1>();
-        if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
-        pending = stage;
+    ChunkWalk walk(m);
+    for (int k0, valid, owner; walk.next(m, p, k0, valid, owner); ++c) {
+      const int stage = c % kStages;
+      tma::wait(&full[stage], (c / kStages) & 1);
+      if (kTall && owner != 2 && owner != group) {  // the other row set's own chunk: pass it
+        __syncwarp();
+        if (lane == 0 && stage != pending) tma::arrive(&empty[stage]);  // (the first stage: later)
+        continue;
       }
+      unsigned char* a = ring.a(stage);
+      unsigned char* b = ring.b(stage);
+      if (valid % kSlice != 0) {
+        if (kTall && owner != 2)  // this warpgroup's own chunk: its half
+          zero_slice_past<BT, kTransW, kGroupThreads>(a + group * L::A::kBytes, b, valid, tid, 5 + group);
+        else if constexpr (kEvery)
+          zero_slice_past<BT, kTransW, kGroups * kGroupThreads, kHalves>(a, b, valid, threadIdx.x, 1);
+        else
+          zero_slice_past<BT, kTransW, kGroupThreads>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
+      }
+      // A tall tile's warpgroup without rows (a tile of 64 rows or fewer) computes on the stale
+      // half and stores nothing: the stages' barriers count both warpgroups.
+      chunk_products<BN, BT, kTransW>(acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid),
+                                      ring.zero_a(), ring.zero_b());
+      wgmma::commit();
+      // The previous chunk's products are done: its stage is free once every warp's share of
+      // the products has read it (wait_group completes the executing warp's).
+      wgmma::wait<1>();
+      if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+      pending = stage;
     }
     wgmma::wait<0>();
     if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
     if (m.t.seg_count == 0) ++c;                  // its one stage carried the header alone
 
-    // A tile the map's clipping bounds (all 64 rows, or the view's last ones; its columns end
-    // with the tile or the group) leaves by TMA stores; others (accumulating, unequal groups, a
-    // short tile within a class's rows) store from registers.
-    if (p.out_group_cols > 0 &&
-        (m.t.row_count == kAlgTmaRows || m.r_first / p.row_stride + m.t.row_count == p.view_rows)) {
-      store_tile<BN>(acc, ring.staging() + group * BN * 128, p, m, wcol, group, tid, gwarp, grp, tig);
+    // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
+    const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = row0 == 0 ? m.r_first : m.r_second;
+    if (g_rows <= 0) continue;
+    // Rows the map's clipping bounds (all 64, or the view's last ones; the columns end with the
+    // tile or the group) leave by TMA stores; others (accumulating, unequal groups, a short tile
+    // within a class's rows) are stored from registers.
+    if (p.out_group_cols > 0 && (g_rows == kAlgTmaRows || r0 / p.row_stride + g_rows == p.view_rows)) {
+      store_tile<BN>(acc, ring.staging() + group * BN * 128, p, m, r0, wcol, group, tid, gwarp, grp, tig);
       continue;
     }
     // Accumulator (row 16 warp + grp (+ 8), columns wcol + 8 j + 2 tig, + 1) → bf16 pairs.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 16 * gwarp + grp + 8 * half;
-      if (i >= m.t.row_count) continue;
-      uint16_t* out = p.c + static_cast<int64_t>(m.r_first + p.row_stride * i) * p.ldc + m.t.col0;
+      if (i >= g_rows) continue;
+      uint16_t* out = p.c + static_cast<int64_t>(r0 + p.row_stride * i) * p.ldc + m.t.col0;
 #pragma unroll
       for (int jj = 0; jj < BN / 8; ++jj) {
         const int col = wcol + 8 * jj + 2 * tig;
@@ -507,6 +599,8 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
 
   const ops::AlgWeightTile t = p.tiles[blockIdx.x];
   const int c_begin = p.tile_begin[blockIdx.x], chunks = p.tile_begin[blockIdx.x + 1] - c_begin;
+  pdl_trigger();  // a programmatic dependent (block_launch.cuh): the plan before, x, dY and dW after
+  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (warp == kGroupThreads / 32) {  // the producer
@@ -590,8 +684,8 @@ void tma_weight_configs(const AlgTmaWeightArgs& a, int config, cudaStream_t stre
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative>>(
-      cfg.groups * kGroupThreads + 32, RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative>::kSmem,
+  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall>>(
+      cfg.groups * kGroupThreads + 32, RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall>::kSmem,
       a.num_tiles, cfg.persistent, a, stream);
 }
 

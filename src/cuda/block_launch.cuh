@@ -9,7 +9,9 @@
 namespace quiver::cuda::detail {
 
 // Launches `kernel` with its dynamic shared memory (opted in once per kernel): one block per
-// tile, or (persistent) at most as many blocks as fit on the GPU at once.
+// tile, or (persistent) at most as many blocks as fit on the GPU at once. Every such kernel is a
+// programmatic dependent (pdl.cuh): it may start while the kernel before it on the stream ends,
+// so it reads only its plan before pdl_wait() and its inputs and outputs after.
 template <auto kernel, class Args>
 void launch(int threads, size_t smem, int tiles, bool persistent, const Args& args, cudaStream_t stream) {
   static const int resident = [&] {
@@ -21,8 +23,17 @@ void launch(int threads, size_t smem, int tiles, bool persistent, const Args& ar
     return std::max(1, per_sm) * sms;
   }();
   if (tiles == 0) return;
-  kernel<<<persistent ? std::min(tiles, resident) : tiles, threads, smem, stream>>>(args);
-  QV_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(persistent ? std::min(tiles, resident) : tiles));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  QV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
 }
 
 }  // namespace quiver::cuda::detail
