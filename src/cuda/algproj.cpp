@@ -355,7 +355,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   } else if (kernel.kind == AlgKernel::Kind::Tma) {
     const detail::AlgTmaConfig& c =
         (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config];
-    tile_rows = detail::kAlgTmaRows;  // a tall configuration pairs the plan's tiles
+    // dW: the configuration's dW rows per tile; the row pass: 64, which a tall configuration pairs.
+    tile_rows = pass == ops::AlgPass::DW ? c.tile_rows() : detail::kAlgTmaRows;
     tile_cols = c.tile_cols();
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;

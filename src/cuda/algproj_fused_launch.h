@@ -104,12 +104,14 @@ struct AlgTmaArgs {
   int view_rows;
 };
 
-// The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K) × `cols` columns (N) of one
-// block pair, one block each, reduced over the tile's chunks (ops::AlgWeightChunks: up to 64
-// rows of one progression); per chunk the producer warp loads the rows' x box (the tile's 64 K
-// columns) and dY boxes (its `cols` N columns) by TMA, and one warpgroup's wgmma adds
-// x_chunkᵀ · dY_chunk (both operands MN-major). groups and persistent are not used.
-constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {{128, 4, 1, false}, {64, 6, 1, false}};
+// The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K), or 128 (`tall`, two
+// warpgroups of 64 each), × `cols` columns (N) of one block pair, one block each, reduced over
+// the tile's chunks (ops::AlgWeightChunks: up to 64 rows of one progression); per chunk the
+// producer warp loads the rows' x boxes (64 of the tile's K columns each) and dY boxes (its `cols`
+// N columns) by TMA, and each warpgroup's wgmma adds x_chunkᵀ · dY_chunk for its 64 dW rows (both
+// operands MN-major), so a tall tile reads dY once for both. persistent is not used.
+constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {
+    {128, 4, 1, false}, {64, 6, 1, false}, {128, 5, 2, false, false, true}, {64, 8, 2, false, false, true}};
 constexpr int kAlgTmaWeightConfigCount = sizeof(kAlgTmaWeightConfigs) / sizeof(kAlgTmaWeightConfigs[0]);
 
 struct AlgTmaWeightArgs {

@@ -568,33 +568,38 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
-// One block per dW tile: warp 4 the producer (lane 0 walks the tile's chunks), warps 0-3 one
-// consumer warpgroup. A chunk of `count` < 64 rows has its boxes' rows from count on (the
-// progression's next rows, of other pieces) zeroed first.
-template <int BN>
+// One block per dW tile: warp 4 · kGroups the producer (lane 0 walks the tile's chunks), the warps
+// before it kGroups consumer warpgroups, each on 64 dW rows (K) of the tile: with two (tall), a
+// tile's 128 rows read each chunk of dY once for both. A chunk of `count` < 64 reduction rows has
+// its boxes' rows from count on (the progression's next rows, of other pieces) zeroed first.
+template <int BN, int kHalves>
 __device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* b, int count) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
+  constexpr int kThreads = kHalves * kGroupThreads;
   const int rows = ops::kAlgTmaChunkRows - count;
-  for (int e = threadIdx.x; e < rows * (kAlgTmaChunk / 8); e += kGroupThreads)
-    *reinterpret_cast<uint4*>(a + A::offset(count + e / (kAlgTmaChunk / 8), e % (kAlgTmaChunk / 8) * 8)) =
+  for (int e = threadIdx.x; e < kHalves * rows * (kAlgTmaChunk / 8); e += kThreads) {
+    const int h = e / (rows * (kAlgTmaChunk / 8)), r = e % (rows * (kAlgTmaChunk / 8));
+    *reinterpret_cast<uint4*>(a + h * A::kBytes + A::offset(count + r / (kAlgTmaChunk / 8), r % (kAlgTmaChunk / 8) * 8)) =
         make_uint4(0, 0, 0, 0);
-  for (int e = threadIdx.x; e < rows * (BN / 8); e += kGroupThreads)
+  }
+  for (int e = threadIdx.x; e < rows * (BN / 8); e += kThreads)
     *reinterpret_cast<uint4*>(b + B::offset(count + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   fence_proxy_async_shared();  // the tensor cores read them next
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
+  named_barrier<kThreads>(1);
 }
 
-template <int BN, int kStages>
-__global__ void __launch_bounds__(kGroupThreads + 32, 1)
+template <int BN, int kStages, int kGroups>
+__global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_weights_kernel(const __grid_constant__ AlgTmaWeightArgs p) {
   static_assert(ops::kAlgTmaChunkRows == 64, "a chunk's rows are one box of 64");
-  using L = TmaLayout<BN, kStages>;  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns
+  // A: kGroups boxes of 64 rows × 64 K columns; B: 64 rows × BN N columns.
+  using L = TmaLayout<BN, kStages, 0, kGroups>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
-  if (threadIdx.x == 0) ring.init();
+  if (threadIdx.x == 0) ring.init(kGroups);
   __syncthreads();
 
   const ops::AlgWeightTile t = p.tiles[blockIdx.x];
@@ -603,21 +608,24 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
   pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (warp == kGroupThreads / 32) {  // the producer
+  if (warp == kGroups * kGroupThreads / 32) {  // the producer
     if (lane != 0) return;
+    const int halves = t.nk > kAlgTmaChunk ? kGroups : 1;  // the x boxes the tile's dW rows need
     for (int c = 0; c < chunks; ++c) {
       const int stage = c % kStages;
       if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
-      tma::arrive_expect(&full[stage], L::kStageBytes);
+      tma::arrive_expect(&full[stage], halves * L::A::kBytes + L::kBBytes);
       const ops::AlgWeightChunk ch = p.chunks[c_begin + c];
       if (ch.strided) {
         const int cls = ch.row0 % p.stride, i0 = ch.row0 / p.stride;
-        tma::load_3d(ring.a(stage), &p.xs, &full[stage], t.k0, cls, i0);
+        for (int h = 0; h < halves; ++h)
+          tma::load_3d(ring.a(stage) + h * L::A::kBytes, &p.xs, &full[stage], t.k0 + kAlgTmaChunk * h, cls, i0);
 #pragma unroll
         for (int pn = 0; pn < BN / 64; ++pn)
           tma::load_3d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], t.col0 + 64 * pn, cls, i0);
       } else {
-        tma::load_2d(ring.a(stage), &p.x, &full[stage], t.k0, ch.row0);
+        for (int h = 0; h < halves; ++h)
+          tma::load_2d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], t.k0 + kAlgTmaChunk * h, ch.row0);
 #pragma unroll
         for (int pn = 0; pn < BN / 64; ++pn)
           tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], t.col0 + 64 * pn, ch.row0);
@@ -626,17 +634,21 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
     return;
   }
 
+  // A warpgroup whose rows are past the tile's (a tile of 64 dW rows or fewer) computes on the
+  // stale box and writes nothing: the stages' barriers count every warpgroup.
+  const int group = warp / 4, gwarp = warp % 4;
   float acc[BN / 2] = {};
   int pending = -1;
   for (int c = 0; c < chunks; ++c) {
     const int stage = c % kStages;
     tma::wait(&full[stage], (c / kStages) & 1);
     const int count = p.chunks[c_begin + c].count;
-    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(ring.a(stage), ring.b(stage), count);
+    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN, kGroups>(ring.a(stage), ring.b(stage), count);
+    unsigned char* a = ring.a(stage) + group * L::A::kBytes;
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < ops::kAlgTmaChunkRows / 16; ++kk)
-      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(ring.a(stage), 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk), true);
+      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(a, 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk), true);
     wgmma::commit();
     wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
     if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
@@ -644,14 +656,14 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
   }
   wgmma::wait<0>();
 
-  // Accumulator (dW row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs, into dW
-  // or the tile's slot.
+  // Accumulator (dW row 64 group + 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs,
+  // into dW or the tile's slot ([64 kGroups][BN]).
   const int grp = lane / 4, tig = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int i = 16 * warp + grp + 8 * half;
+    const int i = kAlgTmaChunk * group + 16 * gwarp + grp + 8 * half;
     if (i >= t.nk) continue;
-    float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kAlgTmaChunk * BN) + i * BN
+    float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kGroups * kAlgTmaChunk * BN) + i * BN
                              : p.dw + static_cast<int64_t>(t.k0 + i) * p.lddw + t.col0;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
@@ -672,8 +684,9 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
 template <int I>
 void tma_weight_config(const AlgTmaWeightArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaWeightConfigs[I];
-  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages>>(kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages>::kSmem,
-                                                           a.num_tiles, false, a, stream);
+  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages, cfg.groups>>(
+      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages, 0, cfg.groups>::kSmem, a.num_tiles, false, a,
+      stream);
 }
 
 template <int... I>
