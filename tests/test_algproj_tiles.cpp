@@ -39,11 +39,7 @@ Tensor run_row_plan(const ops::AlgRowPlan& p, const Tensor& in, const Tensor& w,
       for (int32_t c = 0; c < t.ncols; ++c) {
         const int64_t col = t.col0 + c;
         double acc = 0;
-        // A pair tile's rows from 64 on skip the first row set's own segments, the others the
-        // second's.
-        const int32_t shared = t.seg_count - t.own_a - t.own_b;
         for (int32_t s = 0; s < t.seg_count; ++s) {
-          if (s >= shared && (r < ops::kAlgTmaBoxRows) != (s < shared + t.own_a)) continue;
           const ops::AlgSegment seg = p.segments[t.seg_begin + s];
           for (int32_t k = seg.k0; k < seg.k0 + seg.len; ++k)
             acc += X[m * ld_in + k] * (transposed ? W[col * N + k] : W[k * N + col]);
@@ -198,60 +194,6 @@ TEST(AlgProjTiles, PlansReproduceTheFormula) {
     for (auto [tr, tc] : {std::pair{2, 8}, std::pair{4, 16}, std::pair{64, 128}}) check(c, tr, tc);
 }
 
-// Pair tiles (the TMA pass's tall tiles): 64-row tiles of one class, or of two classes with a
-// common part of their reductions, merged; the plan still reproduces the formula with one owner
-// per output element and the same products.
-TEST(AlgProjTiles, PairTilesReproduceTheFormula) {
-  struct PairCase {
-    std::string law;
-    int64_t M;
-    bool random_types;
-  };
-  // Q4 at M = 256: every class one 64-row tile (pairs of two classes); at 550: two full tiles and
-  // a partial one per class (pairs within a class, and partial tiles as second row sets).
-  for (const PairCase& c : {PairCase{"Q4", 256, false}, PairCase{"Q4", 550, false}, PairCase{"Q2xQ2", 700, false},
-                            PairCase{"graph:4:0>1,1>2,2>3", 600, true}, PairCase{"dense:4", 300, false}}) {
-    SCOPED_TRACE(c.law + " M " + std::to_string(c.M));
-    const algebra::Law law = algebra::Law::parse(c.law);
-    const algebra::GroupWidths widths = algebra::GroupWidths::equal(4, 32, 48);
-    std::vector<int> types = algebra::Schedule::cyclic().types(0, c.M, 4);
-    Rng rng(11);
-    if (c.random_types)
-      for (int& t : types) t = static_cast<int>(rng.below(4));
-    const Tensor x = quiver::testing::random_tensor({c.M, 32}, DType::F64, rng);
-    const Tensor w = quiver::testing::random_tensor({32, 48}, DType::F64, rng);
-    const Tensor dy = quiver::testing::random_tensor({c.M, 48}, DType::F64, rng);
-    Tensor y_ref = Tensor::empty({c.M, 48}, DType::F64);
-    Tensor dx_ref = Tensor::empty({c.M, 32}, DType::F64), dw_ref = Tensor::empty({32, 48}, DType::F64);
-    ops::algproj_reference_forward(x, w, law, widths, types, y_ref);
-    ops::algproj_reference_backward(x, w, dy, law, widths, types, dx_ref, dw_ref);
-    for (const ops::AlgPass pass : {ops::AlgPass::Forward, ops::AlgPass::DX}) {
-      const bool fwd = pass == ops::AlgPass::Forward;
-      const ops::AlgRowPlan single = ops::plan_row_pass(law, widths, types, pass, 64, 16, false);
-      ops::AlgRowPlan p = single;
-      ops::pair_row_tiles(p);
-      int pairs = 0, cross = 0;
-      for (const ops::AlgRowTile& t : p.tiles) {
-        EXPECT_LE(t.row_count, 128);
-        if (t.row_count > 64) ++pairs;
-        if (t.own_a + t.own_b > 0) ++cross;
-        EXPECT_LT(t.own_a + t.own_b, t.seg_count);  // a pair shares a part
-      }
-      EXPECT_GT(pairs, 0);
-      if (c.law == "Q4" && c.M == 256) {  // one 64-row tile per class and group: all paired across classes
-        EXPECT_EQ(p.tiles.size(), single.tiles.size() / 2);
-        EXPECT_GT(cross, 0);
-      }
-      if (c.law == "dense:4") EXPECT_EQ(cross, 0);                // one class
-      EXPECT_EQ(p.macs, single.macs);
-      std::vector<int> writes;
-      const Tensor out = run_row_plan(p, fwd ? x : dy, w, !fwd, fwd ? 48 : 32, writes);
-      EXPECT_TRUE(each_once(writes));
-      EXPECT_LT(max_abs_diff(out, fwd ? y_ref : dx_ref), 1e-9);
-    }
-  }
-}
-
 TEST(AlgProjTiles, DenseLawIsOneClassAndQqIsLongestFirst) {
   const algebra::Law dense = algebra::Law::parse("dense:4");
   const algebra::GroupWidths w = algebra::GroupWidths::equal(4, 64, 64);
@@ -395,16 +337,6 @@ TEST(AlgProjTiles, UniformRowStride) {
   EXPECT_EQ(stride_of(24, 104), 4);
   EXPECT_EQ(stride_of(20, 104), 0);  // segments from column 20
   EXPECT_EQ(stride_of(24, 100), 0);  // output tiles from column 100
-  // 128-row tiles: each 64-row box is checked on its own, so a tile may hold two runs of an
-  // interval type (runs of 192 rows: tiles 0-127 and 128-191 + 768-831), not a box.
-  auto stride_tall = [&](const std::vector<int>& types) {
-    const ops::AlgRowPlan p = ops::plan_row_pass(q4, widths, types, ops::AlgPass::Forward, 128, 128, false);
-    return ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
-  };
-  EXPECT_EQ(stride_tall(algebra::Schedule::interval(768).types(0, 3072, 4)), 1);
-  EXPECT_EQ(stride_tall(algebra::Schedule::cyclic().types(0, 1024, 4)), 4);
-  EXPECT_EQ(stride_tall(algebra::Schedule::interval(400).types(0, 800, 4)), 0);  // runs of 100: a box spans two
-  EXPECT_EQ(stride(algebra::Schedule::interval(768).types(0, 3072, 4)), 1);
 }
 
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,

@@ -355,8 +355,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   } else if (kernel.kind == AlgKernel::Kind::Tma) {
     const detail::AlgTmaConfig& c =
         (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config];
-    // dW: the configuration's dW rows per tile; the row pass: 64, which a tall configuration pairs.
-    tile_rows = pass == ops::AlgPass::DW ? c.tile_rows() : detail::kAlgTmaRows;
+    tile_rows = c.tile_rows();
     tile_cols = c.tile_cols();
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;
@@ -400,9 +399,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
                                  Device::CUDA);
   } else {
     // The TMA forward has no reduction pass: its plans are not split.
-    ops::AlgRowPlan p =
+    const ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
-    if (kernel.kind == AlgKernel::Kind::Tma && detail::kAlgTmaConfigs[kernel.config].tall) ops::pair_row_tiles(p);
     if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));

@@ -51,10 +51,8 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 // `groups` warpgroups' wgmma of `cols` columns each: taking the block's tiles of `cols` columns
 // in turn, or (`cooperative`) side by side on tiles of groups · cols columns, so that a tile's
 // rows of x are read once for all of them, or (`tall`, two warpgroups) one above the other on
-// pair tiles (ops::pair_row_tiles): two 64-row tiles of the same columns, of one class (a class
-// of 128 rows or more: Q_16 at M = 2048, training's M) or of two whose reductions share a part
-// (Q_q's diagonal block), so that the shared part's W is read once for both; one block per
-// tile, or `persistent` (as many blocks
+// tiles of 128 rows × cols, so that a tile's W is read once for both (a class of 128 rows or
+// more: Q_16 at M = 2048, or training's M); one block per tile, or `persistent` (as many blocks
 // as fit, each walking every gridDim-th tile). Plans whose tiles' rows are progressions of one
 // stride (cyclic or interval types), group offsets that are multiples of 8 (a box's first column
 // on a 16-byte boundary), the input and W 16-byte aligned, K and N multiples of 8 (AlgProj
@@ -104,14 +102,12 @@ struct AlgTmaArgs {
   int view_rows;
 };
 
-// The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K), or 128 (`tall`, two
-// warpgroups of 64 each), × `cols` columns (N) of one block pair, one block each, reduced over
-// the tile's chunks (ops::AlgWeightChunks: up to 64 rows of one progression); per chunk the
-// producer warp loads the rows' x boxes (64 of the tile's K columns each) and dY boxes (its `cols`
-// N columns) by TMA, and each warpgroup's wgmma adds x_chunkᵀ · dY_chunk for its 64 dW rows (both
-// operands MN-major), so a tall tile reads dY once for both. persistent is not used.
-constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {
-    {128, 4, 1, false}, {64, 6, 1, false}, {128, 5, 2, false, false, true}, {64, 8, 2, false, false, true}};
+// The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K) × `cols` columns (N) of one
+// block pair, one block each, reduced over the tile's chunks (ops::AlgWeightChunks: up to 64
+// rows of one progression); per chunk the producer warp loads the rows' x box (the tile's 64 K
+// columns) and dY boxes (its `cols` N columns) by TMA, and one warpgroup's wgmma adds
+// x_chunkᵀ · dY_chunk (both operands MN-major). groups and persistent are not used.
+constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {{128, 4, 1, false}, {64, 6, 1, false}};
 constexpr int kAlgTmaWeightConfigCount = sizeof(kAlgTmaWeightConfigs) / sizeof(kAlgTmaWeightConfigs[0]);
 
 struct AlgTmaWeightArgs {

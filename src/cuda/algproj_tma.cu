@@ -54,8 +54,7 @@ constexpr int kGroupThreads = 128;
 // A row-pass tile as the producer warp reads it, and as its first stage's header tells the
 // consumers (in shared memory beside the ring's barriers, written before the stage's full
 // barrier is armed and read after it completes, so the consumers read no plan metadata from
-// global memory): the tile's record, the first row of each of its 64-row boxes (a tall tile's
-// second may start anywhere: ops::uniform_row_stride), its first kMetaSegs segments (the rest,
+// global memory): the tile's record, its first row and its first kMetaSegs segments (the rest,
 // rare, from the plan). Every tile takes at least one stage: one with no segments takes one
 // that carries only its header (its output is zero). A header with row_count 0 ends the walk.
 // The producer warp reads the block's tiles kMetaBatch at a time: lane l loads tile first +
@@ -63,7 +62,7 @@ constexpr int kGroupThreads = 128;
 inline constexpr int kMetaBatch = 32, kMetaSegs = 4;
 struct TileMeta {
   ops::AlgRowTile t;
-  int r_first, r_second;  // rows[0] and (tall tiles of more than 64 rows) rows[64]
+  int r_first;
   ops::AlgSegment seg[kMetaSegs];
 };
 // Segment sg of a tile, from its header where it holds it.
@@ -84,48 +83,11 @@ __device__ __forceinline__ int tile_stages(const TileMeta& m, const AlgTmaArgs& 
   for (int sg = 0; sg < m.t.seg_count; ++sg) n += (tile_segment(m, p, sg).len + kAlgTmaChunk - 1) / kAlgTmaChunk;
   return max(n, 1);
 }
-// A tile's chunks in the order the producer loads them and the consumers take them: its shared
-// segments' (owner 2: every row of the tile), then, in a pair tile, its two row sets' own
-// segments' in turn (owner 0, 1, 0, ...; the longer list's rest last). A chunk is 64 k from k0,
-// or a segment's tail of `valid` < 64.
-struct ChunkWalk {
-  int i0, off0, e0, i1, off1, e1, i2, off2, e2;  // each list's segment, offset, end
-  bool turn_b = false;                            // the own list to take next: the second
-  __device__ explicit ChunkWalk(const TileMeta& m)
-      : i0(0), off0(0), e0(m.t.seg_count - m.t.own_a - m.t.own_b), i1(e0), off1(0), e1(e0 + m.t.own_a), i2(e1),
-        off2(0), e2(m.t.seg_count) {}
-  __device__ static bool take(const TileMeta& m, const AlgTmaArgs& p, int& i, int& off, int e, int& k0,
-                              int& valid) {
-    if (i >= e) return false;
-    const ops::AlgSegment seg = tile_segment(m, p, i);
-    k0 = seg.k0 + off;
-    valid = min(kAlgTmaChunk, seg.len - off);
-    off += kAlgTmaChunk;
-    if (off >= seg.len) {
-      ++i;
-      off = 0;
-    }
-    return true;
-  }
-  __device__ bool next(const TileMeta& m, const AlgTmaArgs& p, int& k0, int& valid, int& owner) {
-    owner = 2;
-    if (take(m, p, i0, off0, e0, k0, valid)) return true;
-    for (int tries = 0; tries < 2; ++tries) {
-      const bool b = turn_b;
-      turn_b = !turn_b;
-      owner = b ? 1 : 0;
-      if (b ? take(m, p, i2, off2, e2, k0, valid) : take(m, p, i1, off1, e1, k0, valid)) return true;
-    }
-    return false;
-  }
-};
-
 __device__ __forceinline__ TileMeta load_tile_meta(const AlgTmaArgs& p, int tile) {
   TileMeta m{};
   if (tile < p.num_tiles) {
     m.t = p.tiles[tile];
     m.r_first = p.rows[m.t.row_begin];
-    m.r_second = m.t.row_count > kAlgTmaRows ? p.rows[m.t.row_begin + kAlgTmaRows] : 0;
 #pragma unroll
     for (int s = 0; s < kMetaSegs; ++s)
       if (s < m.t.seg_count) m.seg[s] = p.segments[m.t.seg_begin + s];
@@ -141,10 +103,7 @@ __device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
   r.t.seg_begin = __shfl_sync(0xffffffffu, m.t.seg_begin, src);
   r.t.seg_count = __shfl_sync(0xffffffffu, m.t.seg_count, src);
   r.t.slot = -1;
-  r.t.own_a = static_cast<int16_t>(__shfl_sync(0xffffffffu, static_cast<int>(m.t.own_a), src));
-  r.t.own_b = static_cast<int16_t>(__shfl_sync(0xffffffffu, static_cast<int>(m.t.own_b), src));
   r.r_first = __shfl_sync(0xffffffffu, m.r_first, src);
-  r.r_second = __shfl_sync(0xffffffffu, m.r_second, src);
 #pragma unroll
   for (int s = 0; s < kMetaSegs; ++s) {
     r.seg[s].k0 = __shfl_sync(0xffffffffu, m.seg[s].k0, src);
@@ -169,10 +128,11 @@ struct TmaLayout {
   // (1024-byte aligned) the zero operands of a tail's steps past its slices: one A slice (64 rows
   // × 16 k) and BN × 16 of W.
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
-  static constexpr uint32_t kMetaBytes = (2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) + 1023) / 1024 * 1024;
-  static constexpr uint32_t kStagingAt = kStages * kStageBytes + kMetaBytes + (kZeroBytes + 1023) / 1024 * 1024;
-  static constexpr size_t kSmem = kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging
-                                               : 1024 + size_t(kStages) * kStageBytes + kMetaBytes + kZeroBytes;
+  static_assert(2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) <= 1024,
+                "the barriers and headers fit below the zero operands");
+  static constexpr uint32_t kStagingAt = kStages * kStageBytes + 1024 + (kZeroBytes + 1023) / 1024 * 1024;
+  static constexpr size_t kSmem =
+      kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging : 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
   static_assert(kSmem <= 227 * 1024, "the ring, its zero operands and the staging fit a block's shared memory");
 
   // The ring in the block's dynamic shared memory (1024-byte aligned for the 128-byte swizzle).
@@ -184,7 +144,7 @@ struct TmaLayout {
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
     __device__ TileMeta* headers() const { return reinterpret_cast<TileMeta*>(empty() + kStages); }
-    __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + kMetaBytes; }
+    __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
     __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
     __device__ unsigned char* staging() const { return base + kStagingAt; }
     // By every thread, before a __syncthreads: the zero operands.
@@ -206,21 +166,6 @@ struct TmaLayout {
   };
 };
 
-// bar.sync of kThreads threads on barrier `id` (1-6), by immediate id: ptxas counts a register id as
-// all 16. 1 and 2: zero_slice_past (all consumers, or one warpgroup of two taking turns); 3 and 4:
-// group_barrier; 5 and 6: zero_slice_past by one warpgroup of a pair tile on its own chunk.
-template <int kThreads>
-__device__ __forceinline__ void named_barrier(int id) {
-  switch (id) {
-    case 1: asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads)); break;
-    case 2: asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads)); break;
-    case 3: asm volatile("bar.sync 3, %0;\n" ::"n"(kThreads)); break;
-    case 4: asm volatile("bar.sync 4, %0;\n" ::"n"(kThreads)); break;
-    case 5: asm volatile("bar.sync 5, %0;\n" ::"n"(kThreads)); break;
-    default: asm volatile("bar.sync 6, %0;\n" ::"n"(kThreads)); break;
-  }
-}
-
 // A segment's tail: `valid` < 64 of its k, loaded as ceil(valid / 16) slices of 16 k.
 inline constexpr int kSlice = 16;
 __host__ __device__ constexpr int tail_slices(int valid) { return (valid + kSlice - 1) / kSlice; }
@@ -237,7 +182,7 @@ __device__ __forceinline__ unsigned char* w_slice_t(unsigned char* b, int s) {  
 // the stage (one warpgroup, or a cooperative or tall tile's warpgroups) zero that slice's x
 // columns (of each of the stage's kHalves 64-row A chunks) and W rows (forward) or columns (dX)
 // from `valid` on, all BT of them, so that no k16 step adds anything of the next group. tid: the
-// thread's index among them; barrier: their named barrier (1, 2, 5 or 6).
+// thread's index among them; barrier: their named barrier (1 or 2).
 template <int BT, bool kTransW, int kThreads, int kHalves = 1>
 __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char* b, int valid, int tid, int barrier) {
   using B = wgmma::Panels<BT>;
@@ -256,7 +201,10 @@ __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char*
       *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BT / 8), e % (BT / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async_shared();  // the tensor cores read them next
-  named_barrier<kThreads>(barrier);
+  if (barrier == 1)  // these threads only (an immediate id: ptxas counts a register id as all 16)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
+  else
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads));
 }
 
 // The four k16 steps of one stage for the BN columns from wcol of its BT (a warpgroup's share of
@@ -302,8 +250,14 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
 template <int BN, int kStages, int kGroups, bool kCoop, bool kTall>
 using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128, kTall ? 2 : 1>;
 
-// The named barrier of one consumer warpgroup (3 or 4).
-__device__ __forceinline__ void group_barrier(int group) { named_barrier<kGroupThreads>(3 + group); }
+// A named barrier of one consumer warpgroup (ids 3 and 4: zero_slice_past has 1 and 2), by
+// immediate id (ptxas counts a register id as all 16).
+__device__ __forceinline__ void group_barrier(int group) {
+  if (group == 0)
+    asm volatile("bar.sync 3, %0;\n" ::"n"(kGroupThreads));
+  else
+    asm volatile("bar.sync 4, %0;\n" ::"n"(kGroupThreads));
+}
 
 // The epilogue by TMA stores: the warpgroup lays out its products (rows 16 warp + grp (+ 8),
 // columns 8 j + 2 tig, + 1) as bf16 in its staging, as wgmma::Panels<BN> (the 128-byte swizzle:
@@ -384,40 +338,30 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         const TileMeta m = shfl_tile_meta(mine, b);
         if (lane != 0) continue;
         const ops::AlgRowTile& t = m.t;
-        // Each box's first row: as (class, index) in the strided view, or the row itself.
-        int box_row[kHalves], box_cls[kHalves];
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          const int r = h == 0 ? m.r_first : m.r_second;
-          box_cls[h] = r % s_rows;
-          box_row[h] = s_rows > 1 ? r / s_rows : r;
-        }
+        const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
         // W boxes past the tile's columns are not loaded (a group narrower than the tile, or its
         // last tile): forward, 64-column panels; dX, a warpgroup's BN rows. The products over the
         // stale bytes there land in columns the epilogue does not store.
         const int w_boxes = kTransW ? (t.ncols + BN - 1) / BN : (t.ncols + 63) / 64;
         constexpr uint32_t kBoxBytes = kTransW ? BN * 128 : L::B::kPanelBytes;
         constexpr uint32_t kBoxSliceBytes = kTransW ? BN * kSlice * 2 : kSlice * 128;
-        // A tall tile's second 64 rows, where it has them.
+        // A tall tile's second 64 rows, where it has them (they follow the first in the view).
         const int halves = kTall && t.row_count > kAlgTmaRows ? 2 : 1;
         const int c_first = c;
-        ChunkWalk walk(m);
-        for (int k0, valid, owner; walk.next(m, p, k0, valid, owner); ++c) {
-          {
+        for (int sg = 0; sg < t.seg_count; ++sg) {
+          const ops::AlgSegment seg = tile_segment(m, p, sg);
+          for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+            const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
             const int stage = take(c == c_first, m);
             unsigned char* a = ring.a(stage);
             unsigned char* b = ring.b(stage);
-            // The A boxes [h_lo, h_hi): every row set's for a shared chunk, else its owner's.
-            const int h_lo = owner == 2 ? 0 : owner, h_hi = owner == 2 ? halves : owner + 1;
             if (valid == kAlgTmaChunk) {
-              tma::arrive_expect(&full[stage], (h_hi - h_lo) * L::A::kBytes + w_boxes * kBoxBytes);
-#pragma unroll
-              for (int h = 0; h < kHalves; ++h) {
-                if (h < h_lo || h >= h_hi) continue;
+              tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes);
+              for (int h = 0; h < halves; ++h) {
                 if (s_rows > 1)
-                  tma::load_3d(a + h * L::A::kBytes, &p.x, &full[stage], k0, box_cls[h], box_row[h]);
+                  tma::load_3d(a + h * L::A::kBytes, &p.x, &full[stage], k0, cls, i0 + kAlgTmaRows * h);
                 else
-                  tma::load_2d(a + h * L::A::kBytes, &p.x, &full[stage], k0, box_row[h]);
+                  tma::load_2d(a + h * L::A::kBytes, &p.x, &full[stage], k0, m.r_first + kAlgTmaRows * h);
               }
               if constexpr (kTransW) {
 #pragma unroll
@@ -430,18 +374,15 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
               }
             } else {  // the tail, slice by slice
               const int n = tail_slices(valid);
-              tma::arrive_expect(&full[stage],
-                                 n * ((h_hi - h_lo) * kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
+              tma::arrive_expect(&full[stage], n * (halves * kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
               for (int sl = 0; sl < n; ++sl) {
                 const int k = k0 + kSlice * sl;
-#pragma unroll
-                for (int h = 0; h < kHalves; ++h) {
-                  if (h < h_lo || h >= h_hi) continue;
+                for (int h = 0; h < halves; ++h) {
                   unsigned char* ah = a_slice(a + h * L::A::kBytes, sl);
                   if (s_rows > 1)
-                    tma::load_3d(ah, &p.x16, &full[stage], k, box_cls[h], box_row[h]);
+                    tma::load_3d(ah, &p.x16, &full[stage], k, cls, i0 + kAlgTmaRows * h);
                   else
-                    tma::load_2d(ah, &p.x16, &full[stage], k, box_row[h]);
+                    tma::load_2d(ah, &p.x16, &full[stage], k, m.r_first + kAlgTmaRows * h);
                 }
                 if constexpr (kTransW) {
 #pragma unroll
@@ -499,42 +440,38 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
     int pending = first;  // the stage whose products are still in flight (or the header's)
-    ChunkWalk walk(m);
-    for (int k0, valid, owner; walk.next(m, p, k0, valid, owner); ++c) {
-      const int stage = c % kStages;
-      tma::wait(&full[stage], (c / kStages) & 1);
-      if (kTall && owner != 2 && owner != group) {  // the other row set's own chunk: pass it
-        __syncwarp();
-        if (lane == 0 && stage != pending) tma::arrive(&empty[stage]);  // (the first stage: later)
-        continue;
+    for (int sg = 0; sg < m.t.seg_count; ++sg) {
+      const ops::AlgSegment seg = tile_segment(m, p, sg);
+      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+        const int stage = c % kStages;
+        tma::wait(&full[stage], (c / kStages) & 1);
+        const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+        unsigned char* a = ring.a(stage);
+        unsigned char* b = ring.b(stage);
+        if (valid % kSlice != 0) {
+          if constexpr (kEvery)
+            zero_slice_past<BT, kTransW, kGroups * kGroupThreads, kHalves>(a, b, valid, threadIdx.x, 1);
+          else
+            zero_slice_past<BT, kTransW, kGroupThreads>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
+        }
+        // A tall tile's warpgroup without rows (a tile of 64 rows or fewer) computes on the stale
+        // half and stores nothing: the stages' barriers count both warpgroups.
+        chunk_products<BN, BT, kTransW>(acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid),
+                                        ring.zero_a(), ring.zero_b());
+        wgmma::commit();
+        // The previous chunk's products are done: its stage is free once every warp's share of
+        // the products has read it (wait_group completes the executing warp's).
+        wgmma::wait<1>();
+        if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+        pending = stage;
       }
-      unsigned char* a = ring.a(stage);
-      unsigned char* b = ring.b(stage);
-      if (valid % kSlice != 0) {
-        if (kTall && owner != 2)  // this warpgroup's own chunk: its half
-          zero_slice_past<BT, kTransW, kGroupThreads>(a + group * L::A::kBytes, b, valid, tid, 5 + group);
-        else if constexpr (kEvery)
-          zero_slice_past<BT, kTransW, kGroups * kGroupThreads, kHalves>(a, b, valid, threadIdx.x, 1);
-        else
-          zero_slice_past<BT, kTransW, kGroupThreads>(a, b, valid, tid, kGroups == 1 ? 1 : 1 + group);
-      }
-      // A tall tile's warpgroup without rows (a tile of 64 rows or fewer) computes on the stale
-      // half and stores nothing: the stages' barriers count both warpgroups.
-      chunk_products<BN, BT, kTransW>(acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid),
-                                      ring.zero_a(), ring.zero_b());
-      wgmma::commit();
-      // The previous chunk's products are done: its stage is free once every warp's share of
-      // the products has read it (wait_group completes the executing warp's).
-      wgmma::wait<1>();
-      if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
-      pending = stage;
     }
     wgmma::wait<0>();
     if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
     if (m.t.seg_count == 0) ++c;                  // its one stage carried the header alone
 
     // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
-    const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = row0 == 0 ? m.r_first : m.r_second;
+    const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
     if (g_rows <= 0) continue;
     // Rows the map's clipping bounds (all 64, or the view's last ones; the columns end with the
     // tile or the group) leave by TMA stores; others (accumulating, unequal groups, a short tile
@@ -568,38 +505,33 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
-// One block per dW tile: warp 4 · kGroups the producer (lane 0 walks the tile's chunks), the warps
-// before it kGroups consumer warpgroups, each on 64 dW rows (K) of the tile: with two (tall), a
-// tile's 128 rows read each chunk of dY once for both. A chunk of `count` < 64 reduction rows has
-// its boxes' rows from count on (the progression's next rows, of other pieces) zeroed first.
-template <int BN, int kHalves>
+// One block per dW tile: warp 4 the producer (lane 0 walks the tile's chunks), warps 0-3 one
+// consumer warpgroup. A chunk of `count` < 64 rows has its boxes' rows from count on (the
+// progression's next rows, of other pieces) zeroed first.
+template <int BN>
 __device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* b, int count) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
-  constexpr int kThreads = kHalves * kGroupThreads;
   const int rows = ops::kAlgTmaChunkRows - count;
-  for (int e = threadIdx.x; e < kHalves * rows * (kAlgTmaChunk / 8); e += kThreads) {
-    const int h = e / (rows * (kAlgTmaChunk / 8)), r = e % (rows * (kAlgTmaChunk / 8));
-    *reinterpret_cast<uint4*>(a + h * A::kBytes + A::offset(count + r / (kAlgTmaChunk / 8), r % (kAlgTmaChunk / 8) * 8)) =
+  for (int e = threadIdx.x; e < rows * (kAlgTmaChunk / 8); e += kGroupThreads)
+    *reinterpret_cast<uint4*>(a + A::offset(count + e / (kAlgTmaChunk / 8), e % (kAlgTmaChunk / 8) * 8)) =
         make_uint4(0, 0, 0, 0);
-  }
-  for (int e = threadIdx.x; e < rows * (BN / 8); e += kThreads)
+  for (int e = threadIdx.x; e < rows * (BN / 8); e += kGroupThreads)
     *reinterpret_cast<uint4*>(b + B::offset(count + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   fence_proxy_async_shared();  // the tensor cores read them next
-  named_barrier<kThreads>(1);
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
 }
 
-template <int BN, int kStages, int kGroups>
-__global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
+template <int BN, int kStages>
+__global__ void __launch_bounds__(kGroupThreads + 32, 1)
     algproj_tma_weights_kernel(const __grid_constant__ AlgTmaWeightArgs p) {
   static_assert(ops::kAlgTmaChunkRows == 64, "a chunk's rows are one box of 64");
-  // A: kGroups boxes of 64 rows × 64 K columns; B: 64 rows × BN N columns.
-  using L = TmaLayout<BN, kStages, 0, kGroups>;
+  using L = TmaLayout<BN, kStages>;  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
-  if (threadIdx.x == 0) ring.init(kGroups);
+  if (threadIdx.x == 0) ring.init();
   __syncthreads();
 
   const ops::AlgWeightTile t = p.tiles[blockIdx.x];
@@ -608,24 +540,21 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (warp == kGroups * kGroupThreads / 32) {  // the producer
+  if (warp == kGroupThreads / 32) {  // the producer
     if (lane != 0) return;
-    const int halves = t.nk > kAlgTmaChunk ? kGroups : 1;  // the x boxes the tile's dW rows need
     for (int c = 0; c < chunks; ++c) {
       const int stage = c % kStages;
       if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
-      tma::arrive_expect(&full[stage], halves * L::A::kBytes + L::kBBytes);
+      tma::arrive_expect(&full[stage], L::kStageBytes);
       const ops::AlgWeightChunk ch = p.chunks[c_begin + c];
       if (ch.strided) {
         const int cls = ch.row0 % p.stride, i0 = ch.row0 / p.stride;
-        for (int h = 0; h < halves; ++h)
-          tma::load_3d(ring.a(stage) + h * L::A::kBytes, &p.xs, &full[stage], t.k0 + kAlgTmaChunk * h, cls, i0);
+        tma::load_3d(ring.a(stage), &p.xs, &full[stage], t.k0, cls, i0);
 #pragma unroll
         for (int pn = 0; pn < BN / 64; ++pn)
           tma::load_3d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], t.col0 + 64 * pn, cls, i0);
       } else {
-        for (int h = 0; h < halves; ++h)
-          tma::load_2d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], t.k0 + kAlgTmaChunk * h, ch.row0);
+        tma::load_2d(ring.a(stage), &p.x, &full[stage], t.k0, ch.row0);
 #pragma unroll
         for (int pn = 0; pn < BN / 64; ++pn)
           tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], t.col0 + 64 * pn, ch.row0);
@@ -634,21 +563,17 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     return;
   }
 
-  // A warpgroup whose rows are past the tile's (a tile of 64 dW rows or fewer) computes on the
-  // stale box and writes nothing: the stages' barriers count every warpgroup.
-  const int group = warp / 4, gwarp = warp % 4;
   float acc[BN / 2] = {};
   int pending = -1;
   for (int c = 0; c < chunks; ++c) {
     const int stage = c % kStages;
     tma::wait(&full[stage], (c / kStages) & 1);
     const int count = p.chunks[c_begin + c].count;
-    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN, kGroups>(ring.a(stage), ring.b(stage), count);
-    unsigned char* a = ring.a(stage) + group * L::A::kBytes;
+    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(ring.a(stage), ring.b(stage), count);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < ops::kAlgTmaChunkRows / 16; ++kk)
-      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(a, 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk), true);
+      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(ring.a(stage), 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk), true);
     wgmma::commit();
     wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
     if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
@@ -656,14 +581,14 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   }
   wgmma::wait<0>();
 
-  // Accumulator (dW row 64 group + 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs,
-  // into dW or the tile's slot ([64 kGroups][BN]).
+  // Accumulator (dW row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs, into dW
+  // or the tile's slot.
   const int grp = lane / 4, tig = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int i = kAlgTmaChunk * group + 16 * gwarp + grp + 8 * half;
+    const int i = 16 * warp + grp + 8 * half;
     if (i >= t.nk) continue;
-    float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kGroups * kAlgTmaChunk * BN) + i * BN
+    float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kAlgTmaChunk * BN) + i * BN
                              : p.dw + static_cast<int64_t>(t.k0 + i) * p.lddw + t.col0;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
@@ -684,9 +609,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 template <int I>
 void tma_weight_config(const AlgTmaWeightArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaWeightConfigs[I];
-  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages, cfg.groups>>(
-      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages, 0, cfg.groups>::kSmem, a.num_tiles, false, a,
-      stream);
+  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages>>(kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages>::kSmem,
+                                                           a.num_tiles, false, a, stream);
 }
 
 template <int... I>

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <optional>
 
 #include "algebra/law.h"
 #include "quiver/error.h"
@@ -191,121 +190,20 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
 
 int uniform_row_stride(const AlgRowPlan& plan, int64_t M) {
   int stride = 0;
-  for (const AlgRowTile& t : plan.tiles)
-    for (int b = 0; b < t.row_count; b += kAlgTmaBoxRows) {  // each box's rows
-      const int32_t* r = plan.rows.data() + t.row_begin + b;
-      const int n = std::min(kAlgTmaBoxRows, t.row_count - b);
-      if (n < 2) continue;
-      const int s = r[1] - r[0];
-      if (s < 1 || (stride != 0 && s != stride)) return 0;
-      stride = s;
-      for (int i = 2; i < n; ++i)
-        if (r[i] - r[i - 1] != s) return 0;
-    }
+  for (const AlgRowTile& t : plan.tiles) {
+    if (t.row_count < 2) continue;
+    const int s = plan.rows[t.row_begin + 1] - plan.rows[t.row_begin];
+    if (s < 1 || (stride != 0 && s != stride)) return 0;
+    stride = s;
+    for (int i = 2; i < t.row_count; ++i)
+      if (plan.rows[t.row_begin + i] - plan.rows[t.row_begin + i - 1] != s) return 0;
+  }
   for (const AlgRowTile& t : plan.tiles)
     if (t.col0 % kAlgTmaAlign != 0) return 0;
   for (const AlgSegment& sg : plan.segments)
     if (sg.k0 % kAlgTmaAlign != 0) return 0;
   if (stride == 0) stride = 1;  // single rows only
   return M % stride == 0 ? stride : 0;
-}
-
-namespace {
-
-// The parts of two ascending lists of disjoint segments: in both, only in the first, only in
-// the second.
-struct SegmentParts {
-  std::vector<AlgSegment> both, only_a, only_b;
-};
-SegmentParts segment_parts(const std::vector<AlgSegment>& a, const std::vector<AlgSegment>& b) {
-  std::vector<int32_t> cuts;
-  for (const auto* list : {&a, &b})
-    for (const AlgSegment& s : *list) {
-      cuts.push_back(s.k0);
-      cuts.push_back(s.k0 + s.len);
-    }
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  auto covers = [](const std::vector<AlgSegment>& list, int32_t k) {
-    for (const AlgSegment& s : list)
-      if (k >= s.k0 && k < s.k0 + s.len) return true;
-    return false;
-  };
-  auto add = [](std::vector<AlgSegment>& out, int32_t k0, int32_t k1) {
-    if (!out.empty() && out.back().k0 + out.back().len == k0)
-      out.back().len += k1 - k0;
-    else
-      out.push_back({k0, k1 - k0});
-  };
-  SegmentParts parts;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    const bool in_a = covers(a, cuts[i]), in_b = covers(b, cuts[i]);
-    if (in_a && in_b)
-      add(parts.both, cuts[i], cuts[i + 1]);
-    else if (in_a)
-      add(parts.only_a, cuts[i], cuts[i + 1]);
-    else if (in_b)
-      add(parts.only_b, cuts[i], cuts[i + 1]);
-  }
-  return parts;
-}
-
-}  // namespace
-
-void pair_row_tiles(AlgRowPlan& plan) {
-  QV_CHECK(plan.splits.empty(), "pair_row_tiles: the plan has split reductions");
-  auto segs_of = [&](const AlgRowTile& t) {
-    return std::vector<AlgSegment>(plan.segments.begin() + t.seg_begin,
-                                   plan.segments.begin() + t.seg_begin + t.seg_count);
-  };
-  // Tiles by their columns, in plan order; first[key]: where the untaken ones may start.
-  std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> by_cols;
-  std::map<std::pair<int32_t, int32_t>, size_t> first;
-  for (size_t i = 0; i < plan.tiles.size(); ++i) {
-    const AlgRowTile& t = plan.tiles[i];
-    QV_CHECK(t.row_count <= kAlgTmaBoxRows && t.own_a == 0 && t.own_b == 0,
-             "pair_row_tiles: tile {} has {} rows or is paired already", i, t.row_count);
-    by_cols[{t.col0, t.ncols}].push_back(i);
-  }
-  std::vector<char> taken(plan.tiles.size(), 0);
-  std::vector<AlgRowTile> tiles;
-  // The pair of a and b (b's rows after a's; a has kAlgTmaBoxRows rows), or nothing where their
-  // reductions have no common part.
-  auto pair = [&](const AlgRowTile& a, const AlgRowTile& b) -> std::optional<AlgRowTile> {
-    const SegmentParts parts = segment_parts(segs_of(a), segs_of(b));
-    if (parts.both.empty()) return std::nullopt;
-    AlgRowTile t = a;
-    t.row_begin = static_cast<int32_t>(plan.rows.size());
-    t.row_count = a.row_count + b.row_count;
-    for (const AlgRowTile* x : {&a, &b})
-      for (int32_t r = 0; r < x->row_count; ++r) plan.rows.push_back(plan.rows[x->row_begin + r]);
-    t.seg_begin = static_cast<int32_t>(plan.segments.size());
-    for (const auto* list : {&parts.both, &parts.only_a, &parts.only_b})
-      plan.segments.insert(plan.segments.end(), list->begin(), list->end());
-    t.seg_count = static_cast<int32_t>(plan.segments.size()) - t.seg_begin;
-    t.own_a = static_cast<int16_t>(parts.only_a.size());
-    t.own_b = static_cast<int16_t>(parts.only_b.size());
-    return t;
-  };
-  for (size_t i = 0; i < plan.tiles.size(); ++i) {
-    if (taken[i]) continue;
-    taken[i] = 1;
-    const AlgRowTile a = plan.tiles[i];
-    std::optional<AlgRowTile> paired;
-    if (a.row_count == kAlgTmaBoxRows) {  // with the first later tile of its columns that shares a part
-      const std::pair<int32_t, int32_t> key{a.col0, a.ncols};
-      const std::vector<size_t>& list = by_cols[key];
-      size_t& from = first[key];
-      while (from < list.size() && taken[list[from]]) ++from;
-      for (size_t at = from; at < list.size() && !paired; ++at) {
-        if (taken[list[at]]) continue;
-        paired = pair(a, plan.tiles[list[at]]);
-        if (paired) taken[list[at]] = 1;
-      }
-    }
-    tiles.push_back(paired ? *paired : a);
-  }
-  plan.tiles = std::move(tiles);
 }
 
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,

@@ -48,10 +48,6 @@ struct AlgRowTile {
   int32_t col0, ncols;           // output columns
   int32_t seg_begin, seg_count;  // into AlgRowPlan::segments
   int32_t slot;                  // -1: writes the output; else the partial-sum slot it writes
-  // A pair tile (pair_row_tiles): its rows 0-63 and 64-... are two classes' tiles of the same
-  // columns; the last own_a + own_b segments are reduced by the first rows only (own_a of them)
-  // and then by the others only (own_b); the rest by all rows. 0 and 0 in every other tile.
-  int16_t own_a = 0, own_b = 0;
 };
 
 // An output block reduced by `parts` tiles into slots slot0 .. slot0 + parts - 1, each a
@@ -103,21 +99,12 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
                          int tile_cols, bool split = true);
 constexpr int kAlgSplitAlign = 64;
 
-// The stride s with which every run of kAlgTmaBoxRows rows of every tile of a row plan (a tile's
-// rows 0-63, 64-127, ...) holds rows r, r + s, r + 2 s, ... (one box of a strided view of the
-// input each: cyclic types s = q, contiguous ones 1; a 128-row tile's two runs may start
-// anywhere, such as on two runs of an interval type), with M a multiple of s, and every
-// segment's first reduction column and every tile's first output column a multiple of
-// kAlgTmaAlign; 0 where the plan has no such stride (the TMA row pass reads only such plans).
+// The stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (each
+// tile's rows one box of a strided view of the input: cyclic types s = q, contiguous ones 1),
+// with M a multiple of s, and every segment's first reduction column and every tile's first
+// output column a multiple of kAlgTmaAlign; 0 where the plan has no such stride (the TMA row
+// pass reads only such plans).
 int uniform_row_stride(const AlgRowPlan& plan, int64_t M);
-inline constexpr int kAlgTmaBoxRows = 64;
-
-// Pairs the tiles of a plan without splits whose rows are kAlgTmaBoxRows or fewer: a tile of
-// kAlgTmaBoxRows rows with a later one of another class, the same columns and a common part of
-// their reductions (Q_q: the output group's diagonal block) becomes one pair tile (AlgRowTile::
-// own_a, own_b) that reads the common part's weights once for both row sets. Tiles without a
-// partner stay as they are; the plan's products and each output's one owner do not change.
-void pair_row_tiles(AlgRowPlan& plan);
 // A TMA box's innermost coordinate must address a 16-byte boundary (the hardware faults with an
 // illegal instruction otherwise): 8 bf16 columns.
 inline constexpr int kAlgTmaAlign = 8;
