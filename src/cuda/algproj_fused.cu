@@ -562,9 +562,7 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
     // One block, or a cluster of a.slices blocks, per tile; y = 1 the second bank (AlgRowArgs::w2).
     const dim3 grid(static_cast<unsigned>(a.num_tiles * a.slices), a.w2 != nullptr && !a.swiglu ? 2u : 1u);
     auto kernel = a.swiglu ? algproj_gemv_kernel<cfg.rows, cfg.cols, true> : algproj_gemv_kernel<cfg.rows, cfg.cols, false>;
-    cudaLaunchAttribute attrs[2]{};
-    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attrs[2]{pdl_attribute(), {}};
     attrs[1].id = cudaLaunchAttributeClusterDimension;  // only for clusters: it costs ~0.5 µs
     attrs[1].val.clusterDim.x = static_cast<unsigned>(a.slices);
     attrs[1].val.clusterDim.y = attrs[1].val.clusterDim.z = 1;

@@ -51,8 +51,9 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 // `groups` warpgroups' wgmma of `cols` columns each: taking the block's tiles of `cols` columns
 // in turn, or (`cooperative`) side by side on tiles of groups · cols columns, so that a tile's
 // rows of x are read once for all of them, or (`tall`, two warpgroups) one above the other on
-// tiles of 128 rows × cols, so that a tile's W is read once for both (a class of 128 rows or
-// more: Q_16 at M = 2048, or training's M); one block per tile, or `persistent` (as many blocks
+// tiles of 128 rows × cols, so that a tile's W is read once for both (classes of 128 rows or
+// more in one progression: Q_16 at M = 2048; interval types in runs of 192 rows are not); one
+// block per tile, or `persistent` (as many blocks
 // as fit, each walking every gridDim-th tile). Plans whose tiles' rows are progressions of one
 // stride (cyclic or interval types), group offsets that are multiples of 8 (a box's first column
 // on a 16-byte boundary), the input and W 16-byte aligned, K and N multiples of 8 (AlgProj

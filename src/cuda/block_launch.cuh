@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/check.h"
+#include "cuda/pdl.cuh"
 
 namespace quiver::cuda::detail {
 
@@ -23,9 +24,7 @@ void launch(int threads, size_t smem, int tiles, bool persistent, const Args& ar
     return std::max(1, per_sm) * sms;
   }();
   if (tiles == 0) return;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr = pdl_attribute();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(persistent ? std::min(tiles, resident) : tiles));
   config.blockDim = dim3(static_cast<unsigned>(threads));

@@ -5,8 +5,17 @@
 // pdl_trigger() lets the next such kernel start before this one ends. Both are no-ops for kernels
 // launched without the attribute.
 #pragma once
+#include <cuda_runtime.h>
 
 namespace quiver::cuda::detail {
+
+// The launch attribute that makes a kernel a programmatic dependent (cudaLaunchKernelEx).
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}
 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
