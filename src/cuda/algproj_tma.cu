@@ -30,7 +30,8 @@
 // other's tiles' stages (counted from their headers) and releases them at once. On its own
 // chunks it runs the four k16 steps as wgmma m64nBNk16 (operands swizzled as TMA wrote them; a
 // tail's steps past its slices read zero operands), keeps one chunk's products in flight and
-// releases the stage before it (each warp's lane 0 arrives), and the last one at the tile's end.
+// releases the stage before it (each warp's lane 0 arrives), and the last one at the tile's end;
+// a block of one warpgroup waits for each chunk's products and releases its stage at once.
 // A tail whose length is not a multiple of 16 has the rest of its last slice (the next group's
 // columns) zeroed first (zero_slice_past). The epilogue rounds once to bf16 (+ the old value
 // when accumulating), while the other warpgroup's products run when they take tiles in turn.
@@ -305,6 +306,11 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   constexpr int BT = (kCoop ? kGroups : 1) * BN;
   constexpr bool kEvery = kCoop || kTall;  // every warpgroup computes every tile
   constexpr int kHalves = kTall ? 2 : 1;
+  // One warpgroup releases each stage as soon as its products are done, so that its producer
+  // (a ring of three stages) refills it a chunk earlier; two keep one chunk's products in flight
+  // and release the stage before (the other warpgroup's products fill the gap). Measured both
+  // ways for every configuration (docs/decisions.md).
+  constexpr bool kEagerRelease = kGroups == 1;
   using L = RowLayout<BN, kStages, kGroups, kCoop, kTall>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
@@ -459,16 +465,22 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         chunk_products<BN, BT, kTransW>(acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid),
                                         ring.zero_a(), ring.zero_b());
         wgmma::commit();
-        // The previous chunk's products are done: its stage is free once every warp's share of
-        // the products has read it (wait_group completes the executing warp's).
-        wgmma::wait<1>();
-        if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+        if constexpr (kEagerRelease) {  // this chunk's products are done: its stage is free
+          wgmma::wait<0>();
+          if (lane == 0) tma::arrive(&empty[stage]);
+        } else {
+          // The previous chunk's products are done: its stage is free once every warp's share of
+          // the products has read it (wait_group completes the executing warp's).
+          wgmma::wait<1>();
+          if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+        }
         pending = stage;
       }
     }
     wgmma::wait<0>();
-    if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
-    if (m.t.seg_count == 0) ++c;                  // its one stage carried the header alone
+    if (!kEagerRelease || m.t.seg_count == 0)
+      if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage (or its header's)
+    if (m.t.seg_count == 0) ++c;                    // its one stage carried the header alone
 
     // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
     const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
