@@ -299,9 +299,10 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Tma) {
     const bool dw = pass == ops::AlgPass::DW;
     const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}x{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk, c.stages,
+    return fmt::format("tma {}x{} k{}x{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk, c.stages,
                        c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.cooperative ? " cooperative" : "",
-                       c.tall ? " tall" : "", c.persistent ? " persistent" : "", k.split ? " split" : "");
+                       c.tall ? " tall" : "", c.persistent ? " persistent" : "", c.eager ? " eager" : "",
+                       k.split ? " split" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");

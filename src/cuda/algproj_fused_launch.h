@@ -59,11 +59,14 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 // on a 16-byte boundary), the input and W 16-byte aligned, K and N multiples of 8 (AlgProj
 // checks); segments of any length.
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
+// `eager` (two warpgroups in turn): each warpgroup releases a stage as soon as its products are
+// done, as one-warpgroup blocks always do, instead of keeping one chunk's products in flight.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
   bool cooperative = false;
   bool tall = false;
+  bool eager = false;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
   constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
 };
@@ -72,7 +75,7 @@ struct AlgTmaConfig {
 constexpr AlgTmaConfig kAlgTmaConfigs[] = {
     {128, 3, 1, false}, {64, 6, 1, false}, {128, 7, 2, true},       {64, 12, 2, true},
     {128, 3, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true}, {64, 8, 2, true, false, true},
-    {128, 5, 2, true, false, true}, {192, 4, 2, true, false, true},
+    {128, 5, 2, true, false, true}, {192, 4, 2, true, false, true}, {192, 5, 2, true, false, false, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 

@@ -299,18 +299,16 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned 
   }
 }
 
-template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall>
+template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   static_assert(!kTall || (kGroups == 2 && !kCoop), "a tall tile is two warpgroups' rows");
   constexpr int BT = (kCoop ? kGroups : 1) * BN;
   constexpr bool kEvery = kCoop || kTall;  // every warpgroup computes every tile
   constexpr int kHalves = kTall ? 2 : 1;
-  // One warpgroup releases each stage as soon as its products are done, so that its producer
-  // (a ring of three stages) refills it a chunk earlier; two keep one chunk's products in flight
-  // and release the stage before (the other warpgroup's products fill the gap). Measured both
-  // ways for every configuration (docs/decisions.md).
-  constexpr bool kEagerRelease = kGroups == 1;
+  // kEagerRelease (one warpgroup, or AlgTmaConfig::eager): each stage is released as soon as its
+  // products are done, so that the producer refills it a chunk earlier; otherwise a warpgroup
+  // keeps one chunk's products in flight and releases the stage before (docs/decisions.md).
   using L = RowLayout<BN, kStages, kGroups, kCoop, kTall>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
@@ -633,7 +631,9 @@ void tma_weight_configs(const AlgTmaWeightArgs& a, int config, cudaStream_t stre
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall>>(
+  static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
+  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
+                            cfg.groups == 1 || cfg.eager>>(
       cfg.groups * kGroupThreads + 32, RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall>::kSmem,
       a.num_tiles, cfg.persistent, a, stream);
 }
