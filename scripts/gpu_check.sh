@@ -28,6 +28,8 @@
 #   algmodel  quiver bench model --device cuda: alg110m-q2x2 against alg110m-dense, training tok/s and
 #             generation at batch 1 and 64, in one process
 #   algtests  the algebraic-projection GPU tests (a few minutes)
+#   tmastream build/bin/quiver_tma_stream: the TMA row pass's W stream with no products, by ring
+#             depth, from DRAM and from L2 (docs/decisions.md)
 # Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL and ALGPROJ_M (ncu-algproj's row
 # and rows), NO_BUILD=1 (run the binaries already in build/, built elsewhere for sm_90a).
 set -uo pipefail
@@ -142,7 +144,8 @@ for step in "${steps[@]}"; do
       run algmodel "$Q" bench model --device cuda --results-dir "$out/results" \
         --train alg110m-dense:40:1536,alg110m-q2x2:40:1536 --generate alg110m-dense,alg110m-q2x2 --batches 1,64
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests)"; exit 2 ;;
+    tmastream) run tmastream build/bin/quiver_tma_stream ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests, tmastream)"; exit 2 ;;
   esac
 done
 
