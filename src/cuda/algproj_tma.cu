@@ -31,7 +31,8 @@
 // chunks it runs the four k16 steps as wgmma m64nBNk16 (operands swizzled as TMA wrote them; a
 // tail's steps past its slices read zero operands), keeps one chunk's products in flight and
 // releases the stage before it (each warp's lane 0 arrives), and the last one at the tile's end;
-// a block of one warpgroup waits for each chunk's products and releases its stage at once.
+// a block of one warpgroup, and an eager configuration's warpgroups, wait for each chunk's products
+// and release its stage at once.
 // A tail whose length is not a multiple of 16 has the rest of its last slice (the next group's
 // columns) zeroed first (zero_slice_past). The epilogue rounds once to bf16 (+ the old value
 // when accumulating), while the other warpgroup's products run when they take tiles in turn.
