@@ -60,7 +60,8 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 // checks); segments of any length.
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 // `eager` (two warpgroups in turn): each warpgroup releases a stage as soon as its products are
-// done, as one-warpgroup blocks always do, instead of keeping one chunk's products in flight.
+// done, as one-warpgroup blocks always do (releases_at_once), instead of keeping one chunk's
+// products in flight.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
@@ -69,6 +70,7 @@ struct AlgTmaConfig {
   bool eager = false;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
   constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
+  constexpr bool releases_at_once() const { return groups == 1 || eager; }
 };
 // The one-warpgroup configurations take at most half a multiprocessor's shared memory (ring,
 // zero operands and staging), so that two blocks run on each.

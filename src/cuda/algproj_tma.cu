@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   constexpr int BT = (kCoop ? kGroups : 1) * BN;
   constexpr bool kEvery = kCoop || kTall;  // every warpgroup computes every tile
   constexpr int kHalves = kTall ? 2 : 1;
-  // kEagerRelease (one warpgroup, or AlgTmaConfig::eager): each stage is released as soon as its
+  // kEagerRelease (AlgTmaConfig::releases_at_once): each stage is released as soon as its
   // products are done, so that the producer refills it a chunk earlier; otherwise a warpgroup
   // keeps one chunk's products in flight and releases the stage before (docs/decisions.md).
   using L = RowLayout<BN, kStages, kGroups, kCoop, kTall>;
@@ -477,9 +477,10 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       }
     }
     wgmma::wait<0>();
-    if (!kEagerRelease || m.t.seg_count == 0)
-      if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage (or its header's)
-    if (m.t.seg_count == 0) ++c;                    // its one stage carried the header alone
+    // The stage still held: the tile's last (deferred release), or the one that carried its header
+    // alone (a tile without segments).
+    if ((!kEagerRelease || m.t.seg_count == 0) && lane == 0) tma::arrive(&empty[pending]);
+    if (m.t.seg_count == 0) ++c;
 
     // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
     const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
@@ -634,7 +635,7 @@ void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
   static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
   launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
-                            cfg.groups == 1 || cfg.eager>>(
+                            cfg.releases_at_once()>>(
       cfg.groups * kGroupThreads + 32, RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall>::kSmem,
       a.num_tiles, cfg.persistent, a, stream);
 }
