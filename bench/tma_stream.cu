@@ -13,27 +13,20 @@
 // Built with the CUDA backend as build/bin/quiver_tma_stream; run it on a GPU with TMA (sm_90).
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <vector>
 
+#include "cuda/check.h"
 #include "cuda/tma.cuh"
+#include "cuda/tma.h"
 
 namespace {
 
 using namespace quiver::cuda::detail;
-
-#define CHECK(x)                                                                           \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+using quiver::cuda::tma_map_bf16;
 
 constexpr int kBoxRows = 64, kBoxBytes = kBoxRows * 128;
 
@@ -74,62 +67,39 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ A
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
-  if (found != cudaDriverEntryPointSuccess || p == nullptr) {
-    std::fprintf(stderr, "no cuTensorMapEncodeTiled\n");
-    std::exit(1);
-  }
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-}
-
-CUtensorMap map_of(const void* base, int rows, int cols) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {64, kBoxRows}, steps[2] = {1, 1};
-  CUtensorMap m{};
-  const CUresult r = encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-                               steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return m;
-}
-
 template <int P, int S>
 void run(const char* what, const void* base, int rows, int cols, int per_sm, int sms) {
-  Args a{map_of(base, rows, cols), cols / (64 * P), rows / kBoxRows, 0};
+  Args a{tma_map_bf16(base, rows, cols, cols, kBoxRows, 64), cols / (64 * P), rows / kBoxRows, 0};
   a.chunks = a.strips * a.row_chunks;
   const size_t smem = 1024 + size_t(S) * P * kBoxBytes + 2 * S * sizeof(uint64_t);
-  CHECK(cudaFuncSetAttribute(stream_kernel<P, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  QV_CUDA_CHECK(cudaFuncSetAttribute(stream_kernel<P, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int fit = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, stream_kernel<P, S>, 64, smem));
-  if (fit < per_sm) return;  // the ring does not fit that many blocks
+  QV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, stream_kernel<P, S>, 64, smem));
+  if (fit < per_sm) {
+    std::printf("%-6s P=%d S=%d blocks/SM=%d  does not fit\n", what, P, S, per_sm);
+    return;
+  }
   const int grid = per_sm * sms;
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  QV_CUDA_CHECK(cudaEventCreate(&e0));
+  QV_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<float> us;
   for (int rep = 0; rep < 11; ++rep) {
-    CHECK(cudaEventRecord(e0));
+    QV_CUDA_CHECK(cudaEventRecord(e0));
     stream_kernel<P, S><<<grid, 64, smem>>>(a);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
+    QV_CUDA_CHECK(cudaEventRecord(e1));
+    QV_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    QV_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     if (rep >= 2) us.push_back(ms * 1000.0f);
   }
-  CHECK(cudaGetLastError());
+  QV_CUDA_CHECK(cudaGetLastError());
   std::sort(us.begin(), us.end());
   const double t = us[us.size() / 2], bytes = double(a.chunks) * P * kBoxBytes;
   std::printf("%-6s P=%d S=%d blocks/SM=%d  in flight %4zu KB/SM  %9.1f us  %5.2f TB/s  %5.1f KB/us/SM\n", what, P, S,
               per_sm, size_t(S) * P * kBoxBytes * per_sm / 1024, t, bytes / t / 1e6, bytes / t / 1e3 / sms / 1024);
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
+  QV_CUDA_CHECK(cudaEventDestroy(e0));
+  QV_CUDA_CHECK(cudaEventDestroy(e1));
 }
 
 template <int P, int... S>
@@ -139,26 +109,29 @@ void sweep(const char* what, const void* base, int rows, int cols, int sms) {
 
 }  // namespace
 
-int main() {
+int main() try {
   int dev = 0, sms = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  QV_CUDA_CHECK(cudaGetDevice(&dev));
+  QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, dev));
+  QV_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("%s, %d multiprocessors\n", prop.name, sms);
   // DRAM: Qwen3-32B's W (5120 × 25600 bf16, 262 MB, 5× the L2); L2: 2048 × 3072 (12.6 MB).
   const int big_rows = 5120, big_cols = 25344;  // 25344 = 132 · 192: whole strips at P = 1 and 3
   void* big = nullptr;
   void* small = nullptr;
-  CHECK(cudaMalloc(&big, size_t(big_rows) * big_cols * 2));
-  CHECK(cudaMalloc(&small, size_t(2048) * 3072 * 2));
-  CHECK(cudaMemset(big, 0, size_t(big_rows) * big_cols * 2));
-  CHECK(cudaMemset(small, 0, size_t(2048) * 3072 * 2));
+  QV_CUDA_CHECK(cudaMalloc(&big, size_t(big_rows) * big_cols * 2));
+  QV_CUDA_CHECK(cudaMalloc(&small, size_t(2048) * 3072 * 2));
+  QV_CUDA_CHECK(cudaMemset(big, 0, size_t(big_rows) * big_cols * 2));
+  QV_CUDA_CHECK(cudaMemset(small, 0, size_t(2048) * 3072 * 2));
   sweep<1, 2, 4, 8, 16>("dram", big, big_rows, big_cols, sms);
   sweep<3, 2, 3, 5, 8>("dram", big, big_rows, big_cols, sms);
   sweep<1, 2, 4, 8, 16>("l2", small, 2048, 3072, sms);
   sweep<3, 2, 3, 5, 8>("l2", small, 2048, 3072, sms);
-  CHECK(cudaFree(big));
-  CHECK(cudaFree(small));
+  QV_CUDA_CHECK(cudaFree(big));
+  QV_CUDA_CHECK(cudaFree(small));
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "quiver_tma_stream: %s\n", e.what());
+  return 1;
 }
