@@ -58,6 +58,28 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// Multicast: the box at column c0, row r0 of `map` into `dst` of every block of the cluster whose
+// rank is a bit of `mask` (the same shared-memory offset in each), its bytes counted on each
+// one's barrier at `bar`'s offset. Each receiver arms its own barrier with the bytes it expects.
+__device__ __forceinline__ void load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int r0,
+                                                  uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(smem_addr(bar)), "h"(mask)
+      : "memory");
+}
+
+// One arrival on the barrier at `bar`'s offset in the cluster's block of rank `rank` (a stage
+// released to a block that multicasts into it).
+__device__ __forceinline__ void arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 "
+      "_, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "r"(rank)
+      : "memory");
+}
+
 // The box at coordinates (c0, c1, c2) of a rank-3 `map` into `dst`, its bytes counted on `bar`.
 __device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile(
