@@ -7,6 +7,8 @@
 // Each of G persistent blocks (one producer warp whose lane 0 issues, one consumer warp that waits
 // on each stage and releases it) walks chunks b, b + G, ...; chunk c is rows 64 (c mod K/64) of
 // column strip c div (K/64), so consecutive chunks go down a strip, as a tile's reduction does.
+// A second walk runs clusters of C blocks that multicast each chunk's panels to all C (the
+// probe of W_δδ multicast across classes). Results: bench/results/tma-stream-2026-12-03.txt.
 // Printed: per configuration, µs per pass over the matrix (median of 9 after 2 warm passes),
 // TB/s, and KB/µs per multiprocessor.
 //
