@@ -70,6 +70,29 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ A
   }
 }
 
+// The median of 9 timed launches after 2 warm ones, in µs.
+template <typename Launch>
+double median_us(Launch launch) {
+  cudaEvent_t e0, e1;
+  QV_CUDA_CHECK(cudaEventCreate(&e0));
+  QV_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> us;
+  for (int rep = 0; rep < 11; ++rep) {
+    QV_CUDA_CHECK(cudaEventRecord(e0));
+    launch();
+    QV_CUDA_CHECK(cudaEventRecord(e1));
+    QV_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    QV_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep >= 2) us.push_back(ms * 1000.0f);
+  }
+  QV_CUDA_CHECK(cudaGetLastError());
+  QV_CUDA_CHECK(cudaEventDestroy(e0));
+  QV_CUDA_CHECK(cudaEventDestroy(e1));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 // Multicast: clusters of C blocks walk the chunks together (cluster g takes chunks g, g + G / C,
 // ...); every block receives every chunk's P panels, rank r issuing the panels p ≡ r (mod C) to
 // all C. A block's stage is free once all C blocks have released it (each consumer arrives on
@@ -136,29 +159,13 @@ void run_multicast(const char* what, const void* base, int rows, int cols, int p
   int fit = 0;  // clusters resident at once: a GPC's multiprocessors need not divide by C
   QV_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
   cfg.gridDim = dim3(static_cast<unsigned>(std::min(fit, sms / C) * C));
-  cudaEvent_t e0, e1;
-  QV_CUDA_CHECK(cudaEventCreate(&e0));
-  QV_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> us;
-  for (int rep = 0; rep < 11; ++rep) {
-    QV_CUDA_CHECK(cudaEventRecord(e0));
-    QV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-    QV_CUDA_CHECK(cudaEventRecord(e1));
-    QV_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    QV_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (rep >= 2) us.push_back(ms * 1000.0f);
-  }
-  QV_CUDA_CHECK(cudaGetLastError());
-  std::sort(us.begin(), us.end());
+  const double t = median_us([&] { QV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a)); });
   const int blocks = static_cast<int>(cfg.gridDim.x);
-  const double t = us[us.size() / 2], read = double(a.chunks) * a.passes * P * kBoxBytes, got = read * C;
+  const double read = double(a.chunks) * a.passes * P * kBoxBytes, got = read * C;
   std::printf("%-6s multicast C=%d P=%d S=%d blocks=%3d  in flight %4zu KB/SM  %9.1f us  read %5.2f TB/s  received %5.2f "
               "TB/s  %5.1f KB/us/SM\n",
               what, C, P, S, blocks, size_t(S) * P * kBoxBytes / 1024, t, read / t / 1e6, got / t / 1e6,
               got / t / blocks / 1024);
-  QV_CUDA_CHECK(cudaEventDestroy(e0));
-  QV_CUDA_CHECK(cudaEventDestroy(e1));
 }
 
 template <int R, int P, int S>
@@ -175,26 +182,10 @@ void run(const char* what, const void* base, int rows, int cols, int passes, int
     return;
   }
   const int grid = per_sm * sms;
-  cudaEvent_t e0, e1;
-  QV_CUDA_CHECK(cudaEventCreate(&e0));
-  QV_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> us;
-  for (int rep = 0; rep < 11; ++rep) {
-    QV_CUDA_CHECK(cudaEventRecord(e0));
-    stream_kernel<R, P, S><<<grid, 64, smem>>>(a);
-    QV_CUDA_CHECK(cudaEventRecord(e1));
-    QV_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    QV_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (rep >= 2) us.push_back(ms * 1000.0f);
-  }
-  QV_CUDA_CHECK(cudaGetLastError());
-  std::sort(us.begin(), us.end());
-  const double t = us[us.size() / 2], bytes = double(a.chunks) * a.passes * P * kBoxBytes;
+  const double t = median_us([&] { stream_kernel<R, P, S><<<grid, 64, smem>>>(a); });
+  const double bytes = double(a.chunks) * a.passes * P * kBoxBytes;
   std::printf("%-6s R=%3d P=%d S=%2d blocks/SM=%d  in flight %4zu KB/SM  %9.1f us  %5.2f TB/s  %5.1f KB/us/SM\n", what,
               R, P, S, per_sm, size_t(S) * P * kBoxBytes * per_sm / 1024, t, bytes / t / 1e6, bytes / t / sms / 1024);
-  QV_CUDA_CHECK(cudaEventDestroy(e0));
-  QV_CUDA_CHECK(cudaEventDestroy(e1));
 }
 
 template <int R, int P, int... S>
