@@ -30,6 +30,9 @@
 #   algtests  the algebraic-projection GPU tests (a few minutes)
 #   tmastream build/bin/quiver_tma_stream: the TMA row pass's W stream with no products, by ring
 #             depth, from DRAM and from L2 (docs/decisions.md)
+#   ablation  build/bin/quiver_tma_ablation*: the TMA row pass's forward at four Table 1 shapes as
+#             it is and with its loads, products and/or stores switched off (ABLATION_CONFIGS:
+#             indexes of kAlgTmaConfigs; built with -DQUIVER_TMA_ABLATION=ON when this step is asked)
 # Environment: LIMIT (seconds per step, default 540), ALGPROJ_MODEL and ALGPROJ_M (ncu-algproj's row
 # and rows), NO_BUILD=1 (run the binaries already in build/, built elsewhere for sm_90a).
 set -uo pipefail
@@ -49,9 +52,12 @@ summary=()
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 start=$(date +%s)
+ablation=OFF
+[[ " ${steps[*]} " == *" ablation "* ]] && ablation=ON
 if [ "${NO_BUILD:-0}" = 1 ]; then
   summary+=("build: skipped (NO_BUILD=1)")
-elif ! { cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release && cmake --build build -j "$(nproc)"; } \
+elif ! { cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DQUIVER_TMA_ABLATION="$ablation" &&
+         cmake --build build -j "$(nproc)"; } \
     > "$out/build.log" 2>&1; then
   tail -40 "$out/build.log"
   echo "build failed (log: $out/build.log)"
@@ -145,7 +151,20 @@ for step in "${steps[@]}"; do
         --train alg110m-dense:40:1536,alg110m-q2x2:40:1536 --generate alg110m-dense,alg110m-q2x2 --batches 1,64
       ;;
     tmastream) run tmastream build/bin/quiver_tma_stream ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests, tmastream)"; exit 2 ;;
+    ablation)
+      # Qwen3-8B at M = 2048 and 32, Qwen3-32B and Qwen3-4B at 2048, all at q = 32.
+      ablate() {
+        for b in build/bin/quiver_tma_ablation build/bin/quiver_tma_ablation_no-*; do
+          for shape in "4096 12288 32 2048" "4096 12288 32 32" "5120 25600 32 2048" "2560 9728 32 2048"; do
+            # shellcheck disable=SC2086
+            "$b" $shape ${ABLATION_CONFIGS:-2 5 10 11 12} | sed "s|^|$(basename "$b") |" || return 1
+          done
+        done
+      }
+      export -f ablate
+      run ablation bash -c ablate
+      ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests, tmastream, ablation)"; exit 2 ;;
   esac
 done
 

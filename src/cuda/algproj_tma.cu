@@ -36,6 +36,11 @@
 // A tail whose length is not a multiple of 16 has the rest of its last slice (the next group's
 // columns) zeroed first (zero_slice_past). The epilogue rounds once to bf16 (+ the old value
 // when accumulating), while the other warpgroup's products run when they take tiles in turn.
+//
+// Ablations (bench/tma_ablation.cpp builds this file with them; the library never does): with
+// QUIVER_TMA_ABLATE_LOADS the producer arrives on each stage without loading it (the products
+// read stale shared memory), QUIVER_TMA_ABLATE_PRODUCTS issues no wgmma, QUIVER_TMA_ABLATE_STORES
+// skips the epilogue. The results are wrong by design; the times show which part sets the pass's.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -237,6 +242,7 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
       db[kk] = zero ? wgmma::descriptor<128>(zero_b, kSlice * 128, 8 * 128) : B::mn_major(b, kSlice * kk);
   }
   wgmma::fence();
+#ifndef QUIVER_TMA_ABLATE_PRODUCTS
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     if constexpr (kTransW)
@@ -244,6 +250,7 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
     else
       wgmma::mma<BN, 0, 1>(acc, da[kk], db[kk], true);
   }
+#endif
 }
 
 // The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
@@ -360,7 +367,12 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
             const int stage = take(c == c_first, m);
             unsigned char* a = ring.a(stage);
             unsigned char* b = ring.b(stage);
-            if (valid == kAlgTmaChunk) {
+#ifdef QUIVER_TMA_ABLATE_LOADS
+            if (true) {
+              tma::arrive(&full[stage]);
+            } else
+#endif
+                if (valid == kAlgTmaChunk) {
               tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes);
               for (int h = 0; h < halves; ++h) {
                 if (s_rows > 1)
@@ -485,6 +497,10 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
     const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
     if (g_rows <= 0) continue;
+#ifdef QUIVER_TMA_ABLATE_STORES
+    if (acc[0] == 12345.0f) p.c[0] = 1;  // the products stay live
+    continue;
+#endif
     // Rows the map's clipping bounds (all 64, or the view's last ones; the columns end with the
     // tile or the group) leave by TMA stores; others (accumulating, unequal groups, a short tile
     // within a class's rows) are stored from registers.
