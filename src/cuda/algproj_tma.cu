@@ -26,13 +26,19 @@
 // panel (forward) or one 32-byte-swizzled panel of BN rows (dX), so a tail of 16, 32 or 48
 // moves only its own bytes.
 //
-// Every consumer warpgroup passes every stage in order. One taking tiles in turn passes the
-// other's tiles' stages (counted from their headers) and releases them at once. On its own
-// chunks it runs the four k16 steps as wgmma m64nBNk16 (operands swizzled as TMA wrote them; a
-// tail's steps past its slices read zero operands), keeps one chunk's products in flight and
-// releases the stage before it (each warp's lane 0 arrives), and the last one at the tile's end;
-// a block of one warpgroup, and an eager configuration's warpgroups, wait for each chunk's products
-// and release its stage at once.
+// A stage is released by the warpgroups that compute on it: every warpgroup of a cooperative or
+// tall tile, the tile's own warpgroup where two take tiles in turn. Those two start their tiles'
+// products in the block's tile order (an order barrier each way, ping-pong): a warpgroup that has
+// issued its tile's last products tells the other the stage its tile ended at, and so where the
+// next tile's header is; the other's products then run while it finishes and stores its tile, and
+// the producer refills each stage as soon as its one reader is done with it, so the whole ring is
+// look-ahead for the warpgroup computing. The order also keeps the full barriers' parity exact:
+// every chunk before a warpgroup's tile has been waited for, so a stage's previous use has
+// completed. Per chunk a warpgroup runs the four k16 steps as wgmma m64nBNk16 (operands swizzled
+// as TMA wrote them; a tail's steps past its slices read zero operands), keeps one chunk's products
+// in flight and releases the stage before it (each warp's lane 0 arrives), and the last one at the
+// tile's end; a block of one warpgroup, and an eager configuration's warpgroups, wait for each
+// chunk's products and release its stage at once.
 // A tail whose length is not a multiple of 16 has the rest of its last slice (the next group's
 // columns) zeroed first (zero_slice_past). The epilogue rounds once to bf16 (+ the old value
 // when accumulating), while the other warpgroup's products run when they take tiles in turn.
@@ -84,12 +90,6 @@ __device__ __forceinline__ ops::AlgSegment tile_segment(const TileMeta& m, const
   }
   return seg;
 }
-// The stages a tile takes: one per started 64 k of each segment, at least one.
-__device__ __forceinline__ int tile_stages(const TileMeta& m, const AlgTmaArgs& p) {
-  int n = 0;
-  for (int sg = 0; sg < m.t.seg_count; ++sg) n += (tile_segment(m, p, sg).len + kAlgTmaChunk - 1) / kAlgTmaChunk;
-  return max(n, 1);
-}
 __device__ __forceinline__ TileMeta load_tile_meta(const AlgTmaArgs& p, int tile) {
   TileMeta m{};
   if (tile < p.num_tiles) {
@@ -131,12 +131,13 @@ struct TmaLayout {
   static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
   static constexpr uint32_t kABytes = kAHalves * A::kBytes;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
-  // full[kStages] and empty[kStages] barriers and the stages' headers after the stages, then
-  // (1024-byte aligned) the zero operands of a tail's steps past its slices: one A slice (64 rows
-  // × 16 k) and BN × 16 of W.
+  // full[kStages] and empty[kStages] barriers, the stages' headers, the two order barriers and
+  // the hand-over's stage counter after the stages, then (1024-byte aligned) the zero operands of
+  // a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16 of W.
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
-  static_assert(2 * kStages * sizeof(uint64_t) + kStages * sizeof(TileMeta) <= 1024,
-                "the barriers and headers fit below the zero operands");
+  static_assert((2 * kStages + 2) * sizeof(uint64_t) + kStages * sizeof(TileMeta) + sizeof(int) <= 1024,
+                "the barriers, headers and counter fit below the zero operands");
+  static_assert(sizeof(TileMeta) % sizeof(uint64_t) == 0, "the order barriers after the headers are aligned");
   static constexpr uint32_t kStagingAt = kStages * kStageBytes + 1024 + (kZeroBytes + 1023) / 1024 * 1024;
   static constexpr size_t kSmem =
       kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging : 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
@@ -151,6 +152,10 @@ struct TmaLayout {
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
     __device__ TileMeta* headers() const { return reinterpret_cast<TileMeta*>(empty() + kStages); }
+    // order[g]: warpgroup g may start its next tile's products (two warpgroups taking tiles in
+    // turn), and the stage counter at which that tile starts.
+    __device__ uint64_t* order() const { return reinterpret_cast<uint64_t*>(headers() + kStages); }
+    __device__ int* next_chunk() const { return reinterpret_cast<int*>(order() + 2); }
     __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
     __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
     __device__ unsigned char* staging() const { return base + kStagingAt; }
@@ -162,12 +167,13 @@ struct TmaLayout {
     }
     // By one thread, before a __syncthreads: each full barrier completes on the producer's
     // arrival and its bytes, each empty barrier on one arrival per consumer warp (`readers`
-    // warpgroups).
+    // warpgroups), each order barrier on one arrival per warp of the other warpgroup.
     __device__ void init(int readers = 1) const {
       for (int s = 0; s < kStages; ++s) {
         tma::init(&full()[s], 1);
         tma::init(&empty()[s], readers * kGroupThreads / 32);
       }
+      for (int g = 0; g < 2; ++g) tma::init(&order()[g], kGroupThreads / 32);
       tma::fence_init();
     }
   };
@@ -323,7 +329,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
   TileMeta* headers = ring.headers();
-  if (threadIdx.x == 0) ring.init(kGroups);  // every consumer warpgroup passes every stage
+  if (threadIdx.x == 0) ring.init(kEvery ? kGroups : 1);  // the warpgroups that compute on a stage
   ring.zero();
   __syncthreads();
   // A programmatic dependent (block_launch.cuh): the set-up above and the producer's first plan
@@ -435,24 +441,27 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   const int grp = lane / 4, tig = lane % 4;
   const int wcol = kCoop ? BN * group : 0;         // this warpgroup's first column of a tile
   const int row0 = kTall ? kAlgTmaRows * group : 0;  // and its first row
+  constexpr bool kTurns = !kEvery && kGroups > 1;  // two warpgroups taking the block's tiles in turn
+  uint64_t* order = ring.order();
+  int* next_chunk = ring.next_chunk();
   float acc[BN / 2];
-  // Every consumer warpgroup passes every stage in order; it computes the chunks of its tiles
-  // (all of them when cooperative, else every kGroups-th of the block's tiles) and releases the
-  // others' at once. So a stage is refilled only after every warpgroup has passed it, which
-  // keeps the full barriers' parity exact.
-  for (int c = 0, j = 0;; ++j) {
+  for (int c = 0, mine = 0;; ++mine) {
+    if constexpr (kTurns) {  // the other warpgroup's tile before this one has issued its products
+      if (group == 1 || mine > 0) {
+        tma::wait(&order[group], (group == 1 ? mine : mine - 1) & 1);
+        c = *next_chunk;
+      }
+    }
     const int first = c % kStages;
     tma::wait(&full[first], (c / kStages) & 1);
     const TileMeta m = headers[first];
-    if (m.t.row_count == 0) break;
-    if (!kEvery && kGroups > 1 && j % kGroups != group) {  // another warpgroup's tile: pass its stages
-      const int n = tile_stages(m, p);
-      __syncwarp();  // every lane has read the header
-      for (int i = 0; i < n; ++i, ++c) {
-        tma::wait(&full[c % kStages], (c / kStages) & 1);
-        if (lane == 0) tma::arrive(&empty[c % kStages]);
+    if (m.t.row_count == 0) {  // the end: the other warpgroup reads the same header next
+      if constexpr (kTurns) {
+        if (tid == 0) *next_chunk = c;
+        __syncwarp();
+        if (lane == 0) tma::arrive(&order[1 - group]);
       }
-      continue;
+      break;
     }
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
@@ -488,11 +497,16 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         pending = stage;
       }
     }
+    if (m.t.seg_count == 0) ++c;  // the stage that carried the header alone
+    if constexpr (kTurns) {  // the other warpgroup's next tile starts at stage c
+      if (tid == 0) *next_chunk = c;
+      __syncwarp();
+      if (lane == 0) tma::arrive(&order[1 - group]);
+    }
     wgmma::wait<0>();
     // The stage still held: the tile's last (deferred release), or the one that carried its header
     // alone (a tile without segments).
     if ((!kEagerRelease || m.t.seg_count == 0) && lane == 0) tma::arrive(&empty[pending]);
-    if (m.t.seg_count == 0) ++c;
 
     // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
     const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
