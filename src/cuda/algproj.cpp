@@ -399,7 +399,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
       d.partials = Tensor::empty({static_cast<int64_t>(p.num_slots) * p.slot_rows * p.slot_cols}, DType::F32,
                                  Device::CUDA);
   } else {
-    // The TMA forward has no reduction pass: its plans are not split.
+    // The TMA row pass has no reduction pass: its plans are not split (docs/decisions.md).
     const ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
     if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));

@@ -109,11 +109,13 @@ struct AlgTmaArgs {
 };
 
 // The Hopper weight pass (algproj_tma.cu): dW tiles of 64 rows (K) × `cols` columns (N) of one
-// block pair, one block each, reduced over the tile's chunks (ops::AlgWeightChunks: up to 64
-// rows of one progression); per chunk the producer warp loads the rows' x box (the tile's 64 K
-// columns) and dY boxes (its `cols` N columns) by TMA, and one warpgroup's wgmma adds
-// x_chunkᵀ · dY_chunk (both operands MN-major). groups and persistent are not used.
-constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {{128, 4, 1, false}, {64, 6, 1, false}};
+// block pair, reduced over the tile's chunks (ops::AlgWeightChunks: up to 64 rows of one
+// progression); per chunk the producer warp loads the rows' x box (the tile's 64 K columns) and
+// dY boxes (its `cols` N columns) by TMA, and a warpgroup's wgmma adds x_chunkᵀ · dY_chunk (both
+// operands MN-major). One block per tile, or persistent blocks of one or two consumer warpgroups
+// (two take the block's tiles in turn); cooperative, tall and eager are not used.
+constexpr AlgTmaConfig kAlgTmaWeightConfigs[] = {{128, 4, 1, false}, {64, 6, 1, false}, {128, 4, 1, true},
+                                                 {128, 7, 2, true},  {64, 10, 2, true}};
 constexpr int kAlgTmaWeightConfigCount = sizeof(kAlgTmaWeightConfigs) / sizeof(kAlgTmaWeightConfigs[0]);
 
 struct AlgTmaWeightArgs {

@@ -122,7 +122,14 @@ __device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
 // kStaging: bytes after the zero operands (1024-byte aligned) where the row pass's warpgroups lay
 // out their tiles' products for the TMA stores (64 rows × BN columns each, as wgmma::Panels<BN>).
 // kAHalves: 64-row A chunks per stage (2: a tall tile's, one per warpgroup, one after the other).
-template <int BN, int kStages, uint32_t kStaging = 0, int kAHalves = 1>
+// The weight pass's stage header: the tile (on every stage of it), its chunk count (-1: the end
+// of the walk) and this stage's chunk's row count.
+struct alignas(8) WeightMeta {
+  ops::AlgWeightTile t;
+  int chunks, count;
+};
+
+template <int BN, int kStages, uint32_t kStaging = 0, int kAHalves = 1, class Meta = TileMeta>
 struct TmaLayout {
   using A = wgmma::Panels<kAlgTmaChunk>;  // A chunk: 64 rows × 64 k (K-major)
   using B = wgmma::Panels<BN>;            // forward W chunk: 64 k × BN columns (MN-major)
@@ -135,9 +142,9 @@ struct TmaLayout {
   // the hand-over's stage counter after the stages, then (1024-byte aligned) the zero operands of
   // a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16 of W.
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
-  static_assert((2 * kStages + 2) * sizeof(uint64_t) + kStages * sizeof(TileMeta) + sizeof(int) <= 1024,
+  static_assert((2 * kStages + 2) * sizeof(uint64_t) + kStages * sizeof(Meta) + sizeof(int) <= 1024,
                 "the barriers, headers and counter fit below the zero operands");
-  static_assert(sizeof(TileMeta) % sizeof(uint64_t) == 0, "the order barriers after the headers are aligned");
+  static_assert(sizeof(Meta) % sizeof(uint64_t) == 0, "the order barriers after the headers are aligned");
   static constexpr uint32_t kStagingAt = kStages * kStageBytes + 1024 + (kZeroBytes + 1023) / 1024 * 1024;
   static constexpr size_t kSmem =
       kStaging > 0 ? 1024 + size_t(kStagingAt) + kStaging : 1024 + size_t(kStages) * kStageBytes + 1024 + kZeroBytes;
@@ -151,7 +158,7 @@ struct TmaLayout {
     __device__ unsigned char* b(int s) const { return a(s) + kABytes; }
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
-    __device__ TileMeta* headers() const { return reinterpret_cast<TileMeta*>(empty() + kStages); }
+    __device__ Meta* headers() const { return reinterpret_cast<Meta*>(empty() + kStages); }
     // order[g]: warpgroup g may start its next tile's products (two warpgroups taking tiles in
     // turn), and the stage counter at which that tile starts.
     __device__ uint64_t* order() const { return reinterpret_cast<uint64_t*>(headers() + kStages); }
@@ -547,103 +554,190 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
-// One block per dW tile: warp 4 the producer (lane 0 walks the tile's chunks), warps 0-3 one
-// consumer warpgroup. A chunk of `count` < 64 rows has its boxes' rows from count on (the
-// progression's next rows, of other pieces) zeroed first.
+// dW tiles walked as the row pass walks its tiles: one block per tile, or persistent (the blocks
+// that fit at once, each walking every gridDim-th tile; with two consumer warpgroups taking the
+// block's tiles in turn, in the row pass's ping-pong order), so that the producer's loads run
+// ahead into the next tile while a tile's products finish and its fp32 outputs are stored (most
+// dW tiles are one chunk: a type's 64 rows of an off-diagonal block). The producer warp's lane 0
+// walks the tiles' chunks; each stage carries a header (WeightMeta). A chunk of `count` < 64 rows
+// has its boxes' rows from count on (the progression's next rows, of other pieces) zeroed first.
 template <int BN>
-__device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* b, int count) {
+__device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* b, int count, int tid, int group) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
   const int rows = ops::kAlgTmaChunkRows - count;
-  for (int e = threadIdx.x; e < rows * (kAlgTmaChunk / 8); e += kGroupThreads)
+  for (int e = tid; e < rows * (kAlgTmaChunk / 8); e += kGroupThreads)
     *reinterpret_cast<uint4*>(a + A::offset(count + e / (kAlgTmaChunk / 8), e % (kAlgTmaChunk / 8) * 8)) =
         make_uint4(0, 0, 0, 0);
-  for (int e = threadIdx.x; e < rows * (BN / 8); e += kGroupThreads)
+  for (int e = tid; e < rows * (BN / 8); e += kGroupThreads)
     *reinterpret_cast<uint4*>(b + B::offset(count + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   fence_proxy_async_shared();  // the tensor cores read them next
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
+  if (group == 0)  // this warpgroup's threads only, by immediate id
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
+  else
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads));
 }
 
-template <int BN, int kStages>
-__global__ void __launch_bounds__(kGroupThreads + 32, 1)
+template <int BN, int kStages, int kGroups>
+__global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_weights_kernel(const __grid_constant__ AlgTmaWeightArgs p) {
   static_assert(ops::kAlgTmaChunkRows == 64, "a chunk's rows are one box of 64");
-  using L = TmaLayout<BN, kStages>;  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns
+  // A: 64 rows × 64 K columns; B: 64 rows × BN N columns.
+  using L = TmaLayout<BN, kStages, 0, 1, WeightMeta>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
-  if (threadIdx.x == 0) ring.init();
+  WeightMeta* headers = ring.headers();
+  if (threadIdx.x == 0) ring.init();  // each stage is read by one warpgroup
   __syncthreads();
-
-  const ops::AlgWeightTile t = p.tiles[blockIdx.x];
-  const int c_begin = p.tile_begin[blockIdx.x], chunks = p.tile_begin[blockIdx.x + 1] - c_begin;
   pdl_trigger();  // a programmatic dependent (block_launch.cuh): the plan before, x, dY and dW after
   pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (warp == kGroupThreads / 32) {  // the producer
+  if (warp == kGroups * kGroupThreads / 32) {  // the producer
     if (lane != 0) return;
-    for (int c = 0; c < chunks; ++c) {
+    int c = 0;
+    const auto take = [&] {  // stage c's turn: wait until its last use was consumed
       const int stage = c % kStages;
       if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
-      tma::arrive_expect(&full[stage], L::kStageBytes);
-      const ops::AlgWeightChunk ch = p.chunks[c_begin + c];
-      if (ch.strided) {
-        const int cls = ch.row0 % p.stride, i0 = ch.row0 / p.stride;
-        tma::load_3d(ring.a(stage), &p.xs, &full[stage], t.k0, cls, i0);
+      return stage;
+    };
+    // The next tile's record and first chunk are loaded a tile ahead, and a tile's next chunk one
+    // chunk ahead, so that the walk does not wait on a chain of plan loads per tile.
+    struct Next {
+      ops::AlgWeightTile t;
+      int c_begin, chunks;
+      ops::AlgWeightChunk ch;
+    };
+    const auto fetch = [&](int tile) {
+      Next n{};
+      if (tile < p.num_tiles) {
+        n.t = p.tiles[tile];
+        n.c_begin = p.tile_begin[tile];
+        n.chunks = p.tile_begin[tile + 1] - n.c_begin;
+        if (n.chunks > 0) n.ch = p.chunks[n.c_begin];
+      }
+      return n;
+    };
+    Next next = fetch(blockIdx.x);
+    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+      const Next cur = next;
+      next = fetch(tile + gridDim.x);
+      WeightMeta h;
+      h.t = cur.t;
+      h.chunks = cur.chunks;
+      if (h.chunks == 0) {  // no rows: a stage with the header alone (the tile's output is zero)
+        h.count = 0;
+        const int stage = take();
+        headers[stage] = h;
+        tma::arrive(&full[stage]);
+        ++c;
+        continue;
+      }
+      ops::AlgWeightChunk ch = cur.ch;
+      for (int i = 0; i < h.chunks; ++i, ++c) {
+        const ops::AlgWeightChunk ch_next = i + 1 < h.chunks ? p.chunks[cur.c_begin + i + 1] : ch;
+        const int stage = take();
+        h.count = ch.count;
+        headers[stage] = h;
+        tma::arrive_expect(&full[stage], L::kStageBytes);
+        if (ch.strided) {
+          const int cls = ch.row0 % p.stride, i0 = ch.row0 / p.stride;
+          tma::load_3d(ring.a(stage), &p.xs, &full[stage], h.t.k0, cls, i0);
 #pragma unroll
-        for (int pn = 0; pn < BN / 64; ++pn)
-          tma::load_3d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], t.col0 + 64 * pn, cls, i0);
-      } else {
-        tma::load_2d(ring.a(stage), &p.x, &full[stage], t.k0, ch.row0);
+          for (int pn = 0; pn < BN / 64; ++pn)
+            tma::load_3d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dys, &full[stage], h.t.col0 + 64 * pn, cls, i0);
+        } else {
+          tma::load_2d(ring.a(stage), &p.x, &full[stage], h.t.k0, ch.row0);
 #pragma unroll
-        for (int pn = 0; pn < BN / 64; ++pn)
-          tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], t.col0 + 64 * pn, ch.row0);
+          for (int pn = 0; pn < BN / 64; ++pn)
+            tma::load_2d(ring.b(stage) + pn * L::B::kPanelBytes, &p.dy, &full[stage], h.t.col0 + 64 * pn, ch.row0);
+        }
+        ch = ch_next;
       }
     }
+    WeightMeta end{};  // the end: a header with chunks -1
+    end.chunks = -1;
+    const int stage = take();
+    headers[stage] = end;
+    tma::arrive(&full[stage]);
     return;
   }
 
-  float acc[BN / 2] = {};
-  int pending = -1;
-  for (int c = 0; c < chunks; ++c) {
-    const int stage = c % kStages;
-    tma::wait(&full[stage], (c / kStages) & 1);
-    const int count = p.chunks[c_begin + c].count;
-    if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(ring.a(stage), ring.b(stage), count);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < ops::kAlgTmaChunkRows / 16; ++kk)
-      wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(ring.a(stage), 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk), true);
-    wgmma::commit();
-    wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
-    if (pending >= 0 && lane == 0) tma::arrive(&empty[pending]);
-    pending = stage;
-  }
-  wgmma::wait<0>();
-
-  // Accumulator (dW row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs, into dW
-  // or the tile's slot.
+  const int group = warp / 4, gwarp = warp % 4, tid = threadIdx.x % kGroupThreads;
   const int grp = lane / 4, tig = lane % 4;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = 16 * warp + grp + 8 * half;
-    if (i >= t.nk) continue;
-    float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kAlgTmaChunk * BN) + i * BN
-                             : p.dw + static_cast<int64_t>(t.k0 + i) * p.lddw + t.col0;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = 8 * j + 2 * tig;
-      if (col >= t.ncols) continue;
-      float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      auto* dst = reinterpret_cast<float2*>(out + col);
-      if (p.accumulate && t.slot < 0) {
-        const float2 old = *dst;
-        v.x += old.x;
-        v.y += old.y;
+  constexpr bool kTurns = kGroups > 1;
+  uint64_t* order = ring.order();
+  int* next_chunk = ring.next_chunk();
+  float acc[BN / 2];
+  for (int c = 0, mine = 0;; ++mine) {
+    if constexpr (kTurns) {  // the other warpgroup's tile before this one has issued its products
+      if (group == 1 || mine > 0) {
+        tma::wait(&order[group], (group == 1 ? mine : mine - 1) & 1);
+        c = *next_chunk;
       }
-      *dst = v;
+    }
+    const int first = c % kStages;
+    tma::wait(&full[first], (c / kStages) & 1);
+    const WeightMeta h = headers[first];
+    if (h.chunks < 0) {  // the end: the other warpgroup reads the same header next
+      if constexpr (kTurns) {
+        if (tid == 0) *next_chunk = c;
+        __syncwarp();
+        if (lane == 0) tma::arrive(&order[1 - group]);
+      }
+      break;
+    }
+#pragma unroll
+    for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
+    int pending = first;  // the stage whose products are still in flight (or the header's)
+    for (int i = 0; i < h.chunks; ++i, ++c) {
+      const int stage = c % kStages;
+      tma::wait(&full[stage], (c / kStages) & 1);
+      const int count = headers[stage].count;
+      if (count < ops::kAlgTmaChunkRows) zero_rows_past<BN>(ring.a(stage), ring.b(stage), count, tid, group);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < ops::kAlgTmaChunkRows / 16; ++kk)
+        wgmma::mma<BN, 1, 1>(acc, L::A::mn_major(ring.a(stage), 16 * kk), L::B::mn_major(ring.b(stage), 16 * kk),
+                             true);
+      wgmma::commit();
+      wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
+      if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+      pending = stage;
+    }
+    if (h.chunks == 0) ++c;  // the stage that carried the header alone
+    if constexpr (kTurns) {  // the other warpgroup's next tile starts at stage c
+      if (tid == 0) *next_chunk = c;
+      __syncwarp();
+      if (lane == 0) tma::arrive(&order[1 - group]);
+    }
+    wgmma::wait<0>();
+    if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage (or its header's)
+
+    // Accumulator (dW row 16 warp + grp (+ 8), columns 8 j + 2 tig, + 1) → fp32 pairs, into dW
+    // or the tile's slot.
+    const ops::AlgWeightTile& t = h.t;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * gwarp + grp + 8 * half;
+      if (i >= t.nk) continue;
+      float* out = t.slot >= 0 ? p.partials + static_cast<int64_t>(t.slot) * (kAlgTmaChunk * BN) + i * BN
+                               : p.dw + static_cast<int64_t>(t.k0 + i) * p.lddw + t.col0;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = 8 * j + 2 * tig;
+        if (col >= t.ncols) continue;
+        float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        auto* dst = reinterpret_cast<float2*>(out + col);
+        if (p.accumulate && t.slot < 0) {
+          const float2 old = *dst;
+          v.x += old.x;
+          v.y += old.y;
+        }
+        *dst = v;
+      }
     }
   }
 }
@@ -651,8 +745,9 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
 template <int I>
 void tma_weight_config(const AlgTmaWeightArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaWeightConfigs[I];
-  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages>>(kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages>::kSmem,
-                                                           a.num_tiles, false, a, stream);
+  launch<algproj_tma_weights_kernel<cfg.cols, cfg.stages, cfg.groups>>(
+      cfg.groups * kGroupThreads + 32, TmaLayout<cfg.cols, cfg.stages, 0, 1, WeightMeta>::kSmem, a.num_tiles,
+      cfg.persistent, a, stream);
 }
 
 template <int... I>

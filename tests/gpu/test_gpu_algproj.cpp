@@ -442,9 +442,12 @@ TEST(GpuAlgProj, TmaWeightPassEveryConfig) {
   // The Hopper weight pass pinned for dW, each configuration whole and split: cyclic rows
   // (strided chunks), interval rows (runs), partial chunks, Q2⊗Q2's multi-type lists (cut per
   // type), unequal and narrow groups (tiles past a group's end), and a large M whose few tiles
-  // every list is split for; forward and dX calibrated.
+  // every list is split for, a graph law's blocks that no type uses (tiles without chunks), and
+  // a few hundred tiles (persistent blocks walk several, two warpgroups taking turns); forward and
+  // dX calibrated.
   const Case q4{"Q4", {}, {}, 320, 512}, q2x2{"Q2xQ2", {}, {}, 256, 384},
-      unequal{"Q4", {80, 160, 64, 96}, {128, 64, 176, 256}}, narrow{"Q4", {24, 24, 24, 24}, {104, 104, 104, 104}};
+      unequal{"Q4", {80, 160, 64, 96}, {128, 64, 176, 256}}, narrow{"Q4", {24, 24, 24, 24}, {104, 104, 104, 104}},
+      graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256};
   for (int c = 0; c < 2 * cuda::detail::kAlgTmaWeightConfigCount; ++c) {
     SCOPED_TRACE("tma weight config " + std::to_string(c / 2) + (c % 2 ? " split" : ""));
     const cuda::AlgProj::Kernels k{std::nullopt, std::nullopt, AlgKernel{AlgKernel::Kind::Tma, c / 2, c % 2 == 1}};
@@ -452,7 +455,12 @@ TEST(GpuAlgProj, TmaWeightPassEveryConfig) {
       check_case(*cs, make_types(Sched::Cyclic, 260, 4, 1), 451 + c, k);
       check_case(*cs, make_types(Sched::Interval, 300, 4, 2), 461 + c, k);
     }
+    // 64 rows a type: the graph law's two-type lists, cut per type, fill whole chunks.
+    check_case(graph, make_types(Sched::Cyclic, 256, 4, 1), 491 + c, k);
     check_case({"Q2xQ2", {}, {}, 64, 128}, make_types(Sched::Cyclic, 8192, 4, 1), 471 + c, k);
+    // 144-288 tiles (more than the blocks of the persistent configurations), forward and dX pinned.
+    const AlgKernel tma0{AlgKernel::Kind::Tma, 0};
+    check_case({"Q4", {}, {}, 768, 1536}, make_types(Sched::Cyclic, 256, 4, 1), 481 + c, {tma0, tma0, k.dw});
   }
   // Rows it cannot read in chunks: a clear error, not a wrong result.
   cuda::AlgProj gpu(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 512));
