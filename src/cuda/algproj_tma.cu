@@ -272,6 +272,15 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
 template <int BN, int kStages, int kGroups, bool kCoop, bool kTall>
 using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128, kTall ? 2 : 1>;
 
+// Two consumer warpgroups taking a block's tiles in turn (ping-pong): by every thread of the one
+// that has issued its tile's last products, whose stages end before counter `next`, where the
+// other's next tile starts; the other waits on order[its group] and reads the counter.
+__device__ __forceinline__ void hand_over_turn(int* next_chunk, uint64_t* order, int group, int next) {
+  if (threadIdx.x % kGroupThreads == 0) *next_chunk = next;
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) tma::arrive(&order[1 - group]);
+}
+
 // A named barrier of one consumer warpgroup (ids 3 and 4: zero_slice_past has 1 and 2), by
 // immediate id (ptxas counts a register id as all 16).
 __device__ __forceinline__ void group_barrier(int group) {
@@ -463,11 +472,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     tma::wait(&full[first], (c / kStages) & 1);
     const TileMeta m = headers[first];
     if (m.t.row_count == 0) {  // the end: the other warpgroup reads the same header next
-      if constexpr (kTurns) {
-        if (tid == 0) *next_chunk = c;
-        __syncwarp();
-        if (lane == 0) tma::arrive(&order[1 - group]);
-      }
+      if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);
       break;
     }
 #pragma unroll
@@ -505,11 +510,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       }
     }
     if (m.t.seg_count == 0) ++c;  // the stage that carried the header alone
-    if constexpr (kTurns) {  // the other warpgroup's next tile starts at stage c
-      if (tid == 0) *next_chunk = c;
-      __syncwarp();
-      if (lane == 0) tma::arrive(&order[1 - group]);
-    }
+    if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);  // the next tile starts at stage c
     wgmma::wait<0>();
     // The stage still held: the tile's last (deferred release), or the one that carried its header
     // alone (a tile without segments).
@@ -682,11 +683,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     tma::wait(&full[first], (c / kStages) & 1);
     const WeightMeta h = headers[first];
     if (h.chunks < 0) {  // the end: the other warpgroup reads the same header next
-      if constexpr (kTurns) {
-        if (tid == 0) *next_chunk = c;
-        __syncwarp();
-        if (lane == 0) tma::arrive(&order[1 - group]);
-      }
+      if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);
       break;
     }
 #pragma unroll
@@ -708,11 +705,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       pending = stage;
     }
     if (h.chunks == 0) ++c;  // the stage that carried the header alone
-    if constexpr (kTurns) {  // the other warpgroup's next tile starts at stage c
-      if (tid == 0) *next_chunk = c;
-      __syncwarp();
-      if (lane == 0) tma::arrive(&order[1 - group]);
-    }
+    if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);
     wgmma::wait<0>();
     if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage (or its header's)
 
