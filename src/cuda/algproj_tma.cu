@@ -281,6 +281,17 @@ __device__ __forceinline__ void hand_over_turn(int* next_chunk, uint64_t* order,
   if (threadIdx.x % 32 == 0) tma::arrive(&order[1 - group]);
 }
 
+// And by every thread of the other, before its `mine`-th tile (0, 1, ...): waits until the tile
+// before has issued its products and returns the stage counter at which this one starts
+// (warpgroup 0's first tile starts at c).
+__device__ __forceinline__ int await_turn(uint64_t* order, const int* next_chunk, int group, int mine, int c) {
+  if (group == 1 || mine > 0) {
+    tma::wait(&order[group], (group == 1 ? mine : mine - 1) & 1);
+    return *next_chunk;
+  }
+  return c;
+}
+
 // A named barrier of one consumer warpgroup (ids 3 and 4: zero_slice_past has 1 and 2), by
 // immediate id (ptxas counts a register id as all 16).
 __device__ __forceinline__ void group_barrier(int group) {
@@ -462,12 +473,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   int* next_chunk = ring.next_chunk();
   float acc[BN / 2];
   for (int c = 0, mine = 0;; ++mine) {
-    if constexpr (kTurns) {  // the other warpgroup's tile before this one has issued its products
-      if (group == 1 || mine > 0) {
-        tma::wait(&order[group], (group == 1 ? mine : mine - 1) & 1);
-        c = *next_chunk;
-      }
-    }
+    if constexpr (kTurns) c = await_turn(order, next_chunk, group, mine, c);
     const int first = c % kStages;
     tma::wait(&full[first], (c / kStages) & 1);
     const TileMeta m = headers[first];
@@ -673,12 +679,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   int* next_chunk = ring.next_chunk();
   float acc[BN / 2];
   for (int c = 0, mine = 0;; ++mine) {
-    if constexpr (kTurns) {  // the other warpgroup's tile before this one has issued its products
-      if (group == 1 || mine > 0) {
-        tma::wait(&order[group], (group == 1 ? mine : mine - 1) & 1);
-        c = *next_chunk;
-      }
-    }
+    if constexpr (kTurns) c = await_turn(order, next_chunk, group, mine, c);
     const int first = c % kStages;
     tma::wait(&full[first], (c / kStages) & 1);
     const WeightMeta h = headers[first];
