@@ -198,6 +198,17 @@ __device__ __forceinline__ unsigned char* w_slice_t(unsigned char* b, int s) {  
   return b + s * BN * kSlice * 2;
 }
 
+// The named barrier 1 or 2 of the kThreads threads that zero a stage's operands before the tensor
+// cores read them (zero_slice_past, zero_rows_past), by immediate id: ptxas counts a register id
+// as all 16.
+template <int kThreads>
+__device__ __forceinline__ void zeroing_barrier(int barrier) {
+  if (barrier == 1)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
+  else
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads));
+}
+
 // A tail whose last slice runs past the segment (valid % 16 != 0): the kThreads threads that read
 // the stage (one warpgroup, or a cooperative or tall tile's warpgroups) zero that slice's x
 // columns (of each of the stage's kHalves 64-row A chunks) and W rows (forward) or columns (dX)
@@ -221,10 +232,7 @@ __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char*
       *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BT / 8), e % (BT / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async_shared();  // the tensor cores read them next
-  if (barrier == 1)  // these threads only (an immediate id: ptxas counts a register id as all 16)
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
-  else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads));
+  zeroing_barrier<kThreads>(barrier);  // these threads only
 }
 
 // The four k16 steps of one stage for the BN columns from wcol of its BT (a warpgroup's share of
@@ -281,15 +289,20 @@ __device__ __forceinline__ void hand_over_turn(int* next_chunk, uint64_t* order,
   if (threadIdx.x % 32 == 0) tma::arrive(&order[1 - group]);
 }
 
-// And by every thread of the other, before its `mine`-th tile (0, 1, ...): waits until the tile
-// before has issued its products and returns the stage counter at which this one starts
-// (warpgroup 0's first tile starts at c).
-__device__ __forceinline__ int await_turn(uint64_t* order, const int* next_chunk, int group, int mine, int c) {
-  if (group == 1 || mine > 0) {
+// A consumer warpgroup's next tile (its `mine`-th, 0, 1, ...), at stage counter c: where two take
+// tiles in turn (kTurns), first the wait until the other's tile before has issued its products,
+// and c from its hand-over (warpgroup 0's first tile starts at c); then the wait for the tile's
+// first stage, and its header.
+template <bool kTurns, int kStages, class Meta>
+__device__ __forceinline__ Meta next_header(uint64_t* full, const Meta* headers, uint64_t* order,
+                                            const int* next_chunk, int group, int mine, int& c) {
+  if (kTurns && (group == 1 || mine > 0)) {
     tma::wait(&order[group], (group == 1 ? mine : mine - 1) & 1);
-    return *next_chunk;
+    c = *next_chunk;
   }
-  return c;
+  const int first = c % kStages;
+  tma::wait(&full[first], (c / kStages) & 1);
+  return headers[first];
 }
 
 // A named barrier of one consumer warpgroup (ids 3 and 4: zero_slice_past has 1 and 2), by
@@ -473,10 +486,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   int* next_chunk = ring.next_chunk();
   float acc[BN / 2];
   for (int c = 0, mine = 0;; ++mine) {
-    if constexpr (kTurns) c = await_turn(order, next_chunk, group, mine, c);
+    const TileMeta m = next_header<kTurns, kStages>(full, headers, order, next_chunk, group, mine, c);
     const int first = c % kStages;
-    tma::wait(&full[first], (c / kStages) & 1);
-    const TileMeta m = headers[first];
     if (m.t.row_count == 0) {  // the end: the other warpgroup reads the same header next
       if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);
       break;
@@ -579,10 +590,7 @@ __device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* 
   for (int e = tid; e < rows * (BN / 8); e += kGroupThreads)
     *reinterpret_cast<uint4*>(b + B::offset(count + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   fence_proxy_async_shared();  // the tensor cores read them next
-  if (group == 0)  // this warpgroup's threads only, by immediate id
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads));
-  else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads));
+  zeroing_barrier<kGroupThreads>(1 + group);  // this warpgroup's threads only
 }
 
 template <int BN, int kStages, int kGroups>
@@ -610,6 +618,12 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
       return stage;
     };
+    const auto header_alone = [&](const WeightMeta& h) {  // a stage that carries a header and no loads
+      const int stage = take();
+      headers[stage] = h;
+      tma::arrive(&full[stage]);
+      ++c;
+    };
     // The next tile's record and first chunk are loaded a tile ahead, and a tile's next chunk one
     // chunk ahead, so that the walk does not wait on a chain of plan loads per tile.
     struct Next {
@@ -636,10 +650,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       h.chunks = cur.chunks;
       if (h.chunks == 0) {  // no rows: a stage with the header alone (the tile's output is zero)
         h.count = 0;
-        const int stage = take();
-        headers[stage] = h;
-        tma::arrive(&full[stage]);
-        ++c;
+        header_alone(h);
         continue;
       }
       ops::AlgWeightChunk ch = cur.ch;
@@ -666,9 +677,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     }
     WeightMeta end{};  // the end: a header with chunks -1
     end.chunks = -1;
-    const int stage = take();
-    headers[stage] = end;
-    tma::arrive(&full[stage]);
+    header_alone(end);
     return;
   }
 
@@ -679,10 +688,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   int* next_chunk = ring.next_chunk();
   float acc[BN / 2];
   for (int c = 0, mine = 0;; ++mine) {
-    if constexpr (kTurns) c = await_turn(order, next_chunk, group, mine, c);
+    const WeightMeta h = next_header<kTurns, kStages>(full, headers, order, next_chunk, group, mine, c);
     const int first = c % kStages;
-    tma::wait(&full[first], (c / kStages) & 1);
-    const WeightMeta h = headers[first];
     if (h.chunks < 0) {  // the end: the other warpgroup reads the same header next
       if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);
       break;
