@@ -299,7 +299,8 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Tma) {
     const bool dw = pass == ops::AlgPass::DW;
     const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}x{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk, c.stages,
+    return fmt::format("tma {}x{} k{}{}x{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk,
+                       c.extra > 0 ? fmt::format("+{}", 16 * c.extra) : "", c.stages,
                        c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.cooperative ? " cooperative" : "",
                        c.tall ? " tall" : "", c.persistent ? " persistent" : "", c.eager ? " eager" : "",
                        k.split ? " split" : "");
@@ -402,7 +403,13 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     // The TMA row pass has no reduction pass: its plans are not split (docs/decisions.md).
     const ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
-    if (kernel.kind == AlgKernel::Kind::Tma) d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
+    if (kernel.kind == AlgKernel::Kind::Tma) {
+      d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
+      const int extra = detail::kAlgTmaConfigs[kernel.config].extra;
+      d.tma_extra_idle = extra > 0 && std::all_of(p.segments.begin(), p.segments.end(), [&](const ops::AlgSegment& s) {
+                           return detail::tma_chunks(s.len, extra) == detail::tma_chunks(s.len, 0);
+                         });
+    }
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -599,7 +606,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj12|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj13|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -666,7 +673,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       // The TMA row pass: tensors its maps can describe and a plan its boxes can read.
       if (k.kind == AlgKernel::Kind::Tma &&
-          (!tma_candidates() || !tma_ok || plan(pass, k, types, stream).tma_stride == 0))
+          (!tma_candidates() || !tma_ok || plan(pass, k, types, stream).tma_stride == 0 ||
+           plan(pass, k, types, stream).tma_extra_idle))
         continue;
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {

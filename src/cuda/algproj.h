@@ -175,6 +175,9 @@ class AlgProj {
     // The TMA row pass's row stride (AlgTmaArgs::row_stride), or the TMA weight pass's chunk
     // stride (AlgTmaWeightArgs::stride); 0: it cannot run the plan.
     int tma_stride = 0;
+    // A TMA row configuration with extra slices (AlgTmaConfig::extra) whose walk of the plan's
+    // segments takes no fewer stages than without them: its twin without them is as fast.
+    bool tma_extra_idle = false;
     const void* chunks = nullptr;  // the TMA weight pass's ops::AlgWeightChunk and tile_begin
     const int32_t* tile_begin = nullptr;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives

@@ -61,23 +61,46 @@ constexpr int kAlgGemvConfigCount = sizeof(kAlgGemvConfigs) / sizeof(kAlgGemvCon
 inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 // `eager` (two warpgroups in turn): each warpgroup releases a stage as soon as its products are
 // done, as one-warpgroup blocks always do (releases_at_once), instead of keeping one chunk's
-// products in flight.
+// products in flight. `extra` > 0: a stage may carry up to `extra` 16-deep slices after a whole
+// 64-deep chunk, so that a segment's tail of 16 · extra or less takes no stage of its own
+// (tma_chunk_len: Qwen3-4B's groups of 80 one stage instead of two).
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
   bool cooperative = false;
   bool tall = false;
   bool eager = false;
+  int extra = 0;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
   constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
   constexpr bool releases_at_once() const { return groups == 1 || eager; }
 };
+
+// The depth of the next stage's chunk where `left` (> 0) of a segment's reduction remains, for a
+// configuration with `extra` slices: 64, or what is left where that is less, or where it is 64
+// plus at most `extra` whole slices of 16 (the segment's tail rides with its last whole chunk).
+// Only the tail: spreading a segment over equal chunks of 80 (Qwen3-32B's 160 as 80 + 80, 8B's dX
+// 384 as 4 × 80 + 64) was slower in calibration than 64-deep chunks and a tail (H200, 2026-12-04).
+// The producer and the consumers walk every segment by it.
+__host__ __device__ constexpr int tma_chunk_len(int left, int extra) {
+  if (left <= kAlgTmaChunk) return left;
+  const int tail = left - kAlgTmaChunk;
+  return tail <= 16 * extra && tail % 16 == 0 ? left : kAlgTmaChunk;
+}
+// The stages a segment of `len` takes.
+constexpr int tma_chunks(int len, int extra) {
+  int n = 0;
+  for (int k = 0; k < len; k += tma_chunk_len(len - k, extra)) ++n;
+  return n;
+}
 // The one-warpgroup configurations take at most half a multiprocessor's shared memory (ring,
 // zero operands and staging), so that two blocks run on each.
 constexpr AlgTmaConfig kAlgTmaConfigs[] = {
     {128, 3, 1, false}, {64, 6, 1, false}, {128, 7, 2, true},       {64, 12, 2, true},
     {128, 3, 1, true},  {192, 5, 2, true}, {128, 4, 2, true, true}, {64, 8, 2, true, false, true},
     {128, 5, 2, true, false, true}, {192, 4, 2, true, false, true}, {192, 5, 2, true, false, false, true},
+    // A tail of one slice after a whole chunk (calibrated only where a segment has such a tail).
+    {192, 4, 2, true, false, false, true, 1}, {192, 4, 2, true, false, false, false, 1},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 

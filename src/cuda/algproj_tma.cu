@@ -24,7 +24,10 @@
 // consumers finish one. A segment's tail (fewer than 64 k left) comes as 16-deep slices instead
 // (kSlice): x's slice one 32-byte-swizzled panel of 64 rows, W's its 16 rows of each 64-column
 // panel (forward) or one 32-byte-swizzled panel of BN rows (dX), so a tail of 16, 32 or 48
-// moves only its own bytes.
+// moves only its own bytes. In a configuration with extra slices (AlgTmaConfig::extra), a tail of
+// that many slices or fewer comes after the segment's last whole chunk, in the same stage (its
+// slices after the chunk's A and W, TmaLayout::kXBytes each), so that it takes no stage of its own
+// (tma_chunk_len).
 //
 // A stage is released by the warpgroups that compute on it: every warpgroup of a cooperative or
 // tall tile, the tile's own warpgroup where two take tiles in turn. Those two start their tiles'
@@ -129,7 +132,10 @@ struct alignas(8) WeightMeta {
   int chunks, count;
 };
 
-template <int BN, int kStages, uint32_t kStaging = 0, int kAHalves = 1, class Meta = TileMeta>
+// A segment's tail: `valid` < 64 of its k, loaded as ceil(valid / 16) slices of 16 k.
+inline constexpr int kSlice = 16;
+
+template <int BN, int kStages, uint32_t kStaging = 0, int kAHalves = 1, class Meta = TileMeta, int kExtra = 0>
 struct TmaLayout {
   using A = wgmma::Panels<kAlgTmaChunk>;  // A chunk: 64 rows × 64 k (K-major)
   using B = wgmma::Panels<BN>;            // forward W chunk: 64 k × BN columns (MN-major)
@@ -137,7 +143,13 @@ struct TmaLayout {
   static constexpr uint32_t kBBytes = BN * 128;
   static_assert(kBBytes == B::kBytes, "both W chunk layouts take the same bytes");
   static constexpr uint32_t kABytes = kAHalves * A::kBytes;
-  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  // A stage's extra slices after its whole chunk (AlgTmaConfig::extra), each x's 16 k of every
+  // 64-row A chunk (32-byte swizzle) and then W's: forward 16 rows of each 64-column panel, 2 KiB
+  // apart; dX BN rows × 16 k (32-byte swizzle).
+  static constexpr uint32_t kXASliceBytes = kAlgTmaRows * kSlice * 2;
+  static constexpr uint32_t kXBytes = kAHalves * kXASliceBytes + BN * kSlice * 2;
+  static_assert(kExtra == 0 || kXBytes % 1024 == 0, "every extra slice's W starts on a 128-byte swizzle's period");
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes + kExtra * kXBytes;
   // full[kStages] and empty[kStages] barriers, the stages' headers, the two order barriers and
   // the hand-over's stage counter after the stages, then (1024-byte aligned) the zero operands of
   // a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16 of W.
@@ -156,6 +168,8 @@ struct TmaLayout {
     __device__ explicit Ring(unsigned char* raw) : base(raw + (1024 - smem_addr(raw) % 1024) % 1024) {}
     __device__ unsigned char* a(int s) const { return base + s * kStageBytes; }
     __device__ unsigned char* b(int s) const { return a(s) + kABytes; }
+    __device__ unsigned char* xa(int s, int j) const { return b(s) + kBBytes + j * kXBytes; }
+    __device__ unsigned char* xb(int s, int j) const { return xa(s, j) + kAHalves * kXASliceBytes; }
     __device__ uint64_t* full() const { return reinterpret_cast<uint64_t*>(base + kStages * kStageBytes); }
     __device__ uint64_t* empty() const { return full() + kStages; }
     __device__ Meta* headers() const { return reinterpret_cast<Meta*>(empty() + kStages); }
@@ -186,8 +200,6 @@ struct TmaLayout {
   };
 };
 
-// A segment's tail: `valid` < 64 of its k, loaded as ceil(valid / 16) slices of 16 k.
-inline constexpr int kSlice = 16;
 __host__ __device__ constexpr int tail_slices(int valid) { return (valid + kSlice - 1) / kSlice; }
 using SlicePanel = wgmma::Panels<kSlice>;  // a slice as a K-major operand: 32-byte rows
 __device__ __forceinline__ unsigned char* a_slice(unsigned char* a, int s) {
@@ -239,11 +251,14 @@ __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char*
 // a cooperative tile; 0 otherwise): a whole chunk's, or a tail's `slices` slices and then steps
 // over the zero operands (zero_a: a slice of A, zero_b: BN × 16 of W as either operand), so
 // that every chunk issues the same instructions (a data-dependent count puts the wgmma on a
-// divergent path, which ptxas serializes); only the descriptors are selected.
-template <int BN, int BT, bool kTransW>
+// divergent path, which ptxas serializes); only the descriptors are selected. With kExtra
+// slices (AlgTmaConfig::extra), kExtra more steps follow: the stage's `extra` slices (x's at xa,
+// this warpgroup's 64-row half; W's at xb; kXBytes apart) and then the zero operands.
+template <int BN, int BT, bool kTransW, int kExtra = 0, uint32_t kXBytes = 0>
 __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned char* a, unsigned char* stage_b,
                                                int wcol, int slices, const unsigned char* zero_a,
-                                               const unsigned char* zero_b) {
+                                               const unsigned char* zero_b, unsigned char* xa = nullptr,
+                                               unsigned char* xb = nullptr, int extra = 0) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
   static_assert(BT == BN || BN % 64 == 0, "a warpgroup's columns start on a whole panel");
@@ -262,6 +277,18 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
     else  // zero_b as 16 rows of each 64-column panel, 2 KiB apart
       db[kk] = zero ? wgmma::descriptor<128>(zero_b, kSlice * 128, 8 * 128) : B::mn_major(b, kSlice * kk);
   }
+  constexpr int kX = kExtra > 0 ? kExtra : 1;
+  uint64_t xda[kX], xdb[kX];
+#pragma unroll
+  for (int j = 0; j < kExtra; ++j) {
+    const bool zero = j >= extra;
+    xda[j] = SlicePanel::k_major(zero ? zero_a : xa + j * kXBytes, 0);
+    if constexpr (kTransW)
+      xdb[j] = SlicePanel::k_major(zero ? zero_b : xb + j * kXBytes + wcol * kSlice * 2, 0);
+    else  // 16 rows of each 64-column panel, 2 KiB apart, as zero_b
+      xdb[j] = wgmma::descriptor<128>(zero ? zero_b : xb + j * kXBytes + wcol / 64 * kSlice * 128, kSlice * 128,
+                                      8 * 128);
+  }
   wgmma::fence();
 #ifndef QUIVER_TMA_ABLATE_PRODUCTS
 #pragma unroll
@@ -271,14 +298,22 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
     else
       wgmma::mma<BN, 0, 1>(acc, da[kk], db[kk], true);
   }
+#pragma unroll
+  for (int j = 0; j < kExtra; ++j) {
+    if constexpr (kTransW)
+      wgmma::mma<BN, 0, 0>(acc, xda[j], xdb[j], true);
+    else
+      wgmma::mma<BN, 0, 1>(acc, xda[j], xdb[j], true);
+  }
 #endif
 }
 
 // The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
 // warpgroups' side by side; a tall tile's stage holds two 64-row A chunks; every warpgroup has a
 // staging of 64 × BN products.
-template <int BN, int kStages, int kGroups, bool kCoop, bool kTall>
-using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128, kTall ? 2 : 1>;
+template <int BN, int kStages, int kGroups, bool kCoop, bool kTall, int kExtra = 0>
+using RowLayout =
+    TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128, kTall ? 2 : 1, TileMeta, kExtra>;
 
 // Two consumer warpgroups taking a block's tiles in turn (ping-pong): by every thread of the one
 // that has issued its tile's last products, whose stages end before counter `next`, where the
@@ -353,7 +388,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned 
   }
 }
 
-template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease>
+template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease, int kExtra>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   static_assert(!kTall || (kGroups == 2 && !kCoop), "a tall tile is two warpgroups' rows");
@@ -363,7 +398,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   // kEagerRelease (AlgTmaConfig::releases_at_once): each stage is released as soon as its
   // products are done, so that the producer refills it a chunk earlier; otherwise a warpgroup
   // keeps one chunk's products in flight and releases the stage before (docs/decisions.md).
-  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall>;
+  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall, kExtra>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
@@ -408,7 +443,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         const int c_first = c;
         for (int sg = 0; sg < t.seg_count; ++sg) {
           const ops::AlgSegment seg = tile_segment(m, p, sg);
-          for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+          for (int k0 = seg.k0, len; k0 < seg.k0 + seg.len; k0 += len, ++c) {
+            len = kExtra == 0 ? kAlgTmaChunk : tma_chunk_len(seg.k0 + seg.len - k0, kExtra);
             const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
             const int stage = take(c == c_first, m);
             unsigned char* a = ring.a(stage);
@@ -419,7 +455,9 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
             } else
 #endif
                 if (valid == kAlgTmaChunk) {
-              tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes);
+              const int extra = (len - kAlgTmaChunk) / kSlice;  // slices after the whole chunk
+              tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes +
+                                                   extra * (halves * L::kXASliceBytes + w_boxes * kBoxSliceBytes));
               for (int h = 0; h < halves; ++h) {
                 if (s_rows > 1)
                   tma::load_3d(a + h * L::A::kBytes, &p.x, &full[stage], k0, cls, i0 + kAlgTmaRows * h);
@@ -434,6 +472,26 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
 #pragma unroll
                 for (int pn = 0; pn < BT / 64; ++pn)
                   if (pn < w_boxes) tma::load_2d(b + pn * kBoxBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
+              }
+              for (int j = 0; j < extra; ++j) {  // (kExtra > 0) the extra slices, as a tail's
+                const int k = k0 + kAlgTmaChunk + kSlice * j;
+                for (int h = 0; h < halves; ++h) {
+                  unsigned char* ah = ring.xa(stage, j) + h * L::kXASliceBytes;
+                  if (s_rows > 1)
+                    tma::load_3d(ah, &p.x16, &full[stage], k, cls, i0 + kAlgTmaRows * h);
+                  else
+                    tma::load_2d(ah, &p.x16, &full[stage], k, m.r_first + kAlgTmaRows * h);
+                }
+                unsigned char* bj = ring.xb(stage, j);
+                if constexpr (kTransW) {
+#pragma unroll
+                  for (int g = 0; g < BT / BN; ++g)
+                    if (g < w_boxes) tma::load_2d(bj + g * kBoxSliceBytes, &p.w16, &full[stage], k, t.col0 + BN * g);
+                } else {
+#pragma unroll
+                  for (int pn = 0; pn < BT / 64; ++pn)
+                    if (pn < w_boxes) tma::load_2d(bj + pn * kBoxSliceBytes, &p.w16, &full[stage], t.col0 + 64 * pn, k);
+                }
               }
             } else {  // the tail, slice by slice
               const int n = tail_slices(valid);
@@ -497,7 +555,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     int pending = first;  // the stage whose products are still in flight (or the header's)
     for (int sg = 0; sg < m.t.seg_count; ++sg) {
       const ops::AlgSegment seg = tile_segment(m, p, sg);
-      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+      for (int k0 = seg.k0, len; k0 < seg.k0 + seg.len; k0 += len, ++c) {
+        len = kExtra == 0 ? kAlgTmaChunk : tma_chunk_len(seg.k0 + seg.len - k0, kExtra);
         const int stage = c % kStages;
         tma::wait(&full[stage], (c / kStages) & 1);
         const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
@@ -511,8 +570,10 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         }
         // A tall tile's warpgroup without rows (a tile of 64 rows or fewer) computes on the stale
         // half and stores nothing: the stages' barriers count both warpgroups.
-        chunk_products<BN, BT, kTransW>(acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid),
-                                        ring.zero_a(), ring.zero_b());
+        chunk_products<BN, BT, kTransW, kExtra, L::kXBytes>(
+            acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid), ring.zero_a(), ring.zero_b(),
+            ring.xa(stage, 0) + group * (kHalves - 1) * L::kXASliceBytes, ring.xb(stage, 0),
+            (len - kAlgTmaChunk) / kSlice);
         wgmma::commit();
         if constexpr (kEagerRelease) {  // this chunk's products are done: its stage is free
           wgmma::wait<0>();
@@ -761,8 +822,9 @@ void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
   static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
   launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
-                            cfg.releases_at_once()>>(
-      cfg.groups * kGroupThreads + 32, RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall>::kSmem,
+                            cfg.releases_at_once(), cfg.extra>>(
+      cfg.groups * kGroupThreads + 32,
+      RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra>::kSmem,
       a.num_tiles, cfg.persistent, a, stream);
 }
 

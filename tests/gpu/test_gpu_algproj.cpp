@@ -528,6 +528,39 @@ TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
   }
 }
 
+TEST(GpuAlgProj, TmaChunkWalkCoversEverySegment) {
+  // The row pass's producer and consumers walk a segment by tma_chunk_len: the chunks cover it
+  // exactly, each 64 deep but the last, which may be shorter, or 64 plus at most `extra` whole
+  // 16-deep slices; extra slices never take more stages.
+  constexpr int kChunk = cuda::detail::kAlgTmaChunk;
+  for (int extra = 0; extra <= 3; ++extra)
+    for (int len = 1; len <= 1200; ++len) {
+      SCOPED_TRACE("extra " + std::to_string(extra) + ", segment " + std::to_string(len));
+      int k = 0, n = 0;
+      while (k < len) {
+        const int c = cuda::detail::tma_chunk_len(len - k, extra);
+        ASSERT_GT(c, 0);
+        ASSERT_LE(c, len - k);
+        if (c != kChunk) {
+          EXPECT_EQ(c, len - k) << "only a segment's last chunk is not 64 deep";
+          if (c > kChunk) {
+            EXPECT_EQ((c - kChunk) % 16, 0);
+            EXPECT_LE(c, kChunk + 16 * extra);
+          }
+        }
+        k += c;
+        ++n;
+      }
+      EXPECT_EQ(k, len);
+      EXPECT_EQ(n, cuda::detail::tma_chunks(len, extra));
+      EXPECT_EQ(n, cuda::detail::tma_chunks(len, 0) - (len > kChunk && len % kChunk != 0 &&
+                                                         len % kChunk <= 16 * extra && len % 16 == 0));
+    }
+  // Qwen3-4B's groups of 80 in one stage; 32B's of 160 keep their three.
+  EXPECT_EQ(cuda::detail::tma_chunks(80, 1), 1);
+  EXPECT_EQ(cuda::detail::tma_chunks(160, 1), 3);
+}
+
 TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
