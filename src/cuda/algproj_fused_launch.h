@@ -63,7 +63,9 @@ inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 // done, as one-warpgroup blocks always do (releases_at_once), instead of keeping one chunk's
 // products in flight. `extra` > 0: a stage may carry up to `extra` 16-deep slices after a whole
 // 64-deep chunk, so that a segment's tail of 16 · extra or less takes no stage of its own
-// (tma_chunk_len: Qwen3-4B's groups of 80 one stage instead of two).
+// (tma_chunk_len: Qwen3-4B's groups of 80 one stage instead of two). `one_staging` (two
+// warpgroups in turn): the warpgroups lay out their tiles' products for the TMA stores in one
+// staging, in turn, instead of one each, which leaves room for another stage.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
@@ -71,6 +73,7 @@ struct AlgTmaConfig {
   bool tall = false;
   bool eager = false;
   int extra = 0;
+  bool one_staging = false;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
   constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
   constexpr bool releases_at_once() const { return groups == 1 || eager; }
@@ -101,6 +104,9 @@ constexpr AlgTmaConfig kAlgTmaConfigs[] = {
     {128, 5, 2, true, false, true}, {192, 4, 2, true, false, true}, {192, 5, 2, true, false, false, true},
     // A tail of one slice after a whole chunk (calibrated only where a segment has such a tail).
     {192, 4, 2, true, false, false, true, 1}, {192, 4, 2, true, false, false, false, 1},
+    // One staging for both warpgroups: a sixth 64x192 stage, an eighth 64x128 one.
+    {192, 6, 2, true, false, false, true, 0, true}, {192, 6, 2, true, false, false, false, 0, true},
+    {128, 8, 2, true, false, false, true, 0, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 

@@ -154,8 +154,8 @@ struct TmaLayout {
   // the hand-over's stage counter after the stages, then (1024-byte aligned) the zero operands of
   // a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16 of W.
   static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
-  static_assert((2 * kStages + 2) * sizeof(uint64_t) + kStages * sizeof(Meta) + sizeof(int) <= 1024,
-                "the barriers, headers and counter fit below the zero operands");
+  static_assert((2 * kStages + 3) * sizeof(uint64_t) + kStages * sizeof(Meta) + sizeof(uint64_t) <= 1024,
+                "the barriers, headers, counter and staging barrier fit below the zero operands");
   static_assert(sizeof(Meta) % sizeof(uint64_t) == 0, "the order barriers after the headers are aligned");
   static constexpr uint32_t kStagingAt = kStages * kStageBytes + 1024 + (kZeroBytes + 1023) / 1024 * 1024;
   static constexpr size_t kSmem =
@@ -177,6 +177,9 @@ struct TmaLayout {
     // turn), and the stage counter at which that tile starts.
     __device__ uint64_t* order() const { return reinterpret_cast<uint64_t*>(headers() + kStages); }
     __device__ int* next_chunk() const { return reinterpret_cast<int*>(order() + 2); }
+    // One staging for two warpgroups in turn (AlgTmaConfig::one_staging): completes a phase as each
+    // tile's epilogue is done with it (its stores have read it).
+    __device__ uint64_t* staging_free() const { return order() + 3; }
     __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
     __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
     __device__ unsigned char* staging() const { return base + kStagingAt; }
@@ -311,9 +314,9 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
 // The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
 // warpgroups' side by side; a tall tile's stage holds two 64-row A chunks; every warpgroup has a
 // staging of 64 × BN products.
-template <int BN, int kStages, int kGroups, bool kCoop, bool kTall, int kExtra = 0>
-using RowLayout =
-    TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kGroups) * BN * 128, kTall ? 2 : 1, TileMeta, kExtra>;
+template <int BN, int kStages, int kGroups, bool kCoop, bool kTall, int kExtra = 0, bool kOneStaging = false>
+using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kOneStaging ? 1 : kGroups) * BN * 128,
+                            kTall ? 2 : 1, TileMeta, kExtra>;
 
 // Two consumer warpgroups taking a block's tiles in turn (ping-pong): by every thread of the one
 // that has issued its tile's last products, whose stages end before counter `next`, where the
@@ -388,7 +391,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned 
   }
 }
 
-template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease, int kExtra>
+template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease, int kExtra,
+          bool kOneStaging>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   static_assert(!kTall || (kGroups == 2 && !kCoop), "a tall tile is two warpgroups' rows");
@@ -398,12 +402,15 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   // kEagerRelease (AlgTmaConfig::releases_at_once): each stage is released as soon as its
   // products are done, so that the producer refills it a chunk earlier; otherwise a warpgroup
   // keeps one chunk's products in flight and releases the stage before (docs/decisions.md).
-  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall, kExtra>;
+  static_assert(!kOneStaging || (kGroups == 2 && !kCoop && !kTall), "one staging: two warpgroups in turn");
+  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall, kExtra, kOneStaging>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
   uint64_t* empty = ring.empty();
   TileMeta* headers = ring.headers();
+  if constexpr (kOneStaging)
+    if (threadIdx.x == 0) tma::init(ring.staging_free(), 1);  // fenced by ring.init
   if (threadIdx.x == 0) ring.init(kEvery ? kGroups : 1);  // the warpgroups that compute on a stage
   ring.zero();
   __syncthreads();
@@ -601,6 +608,20 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     if (acc[0] == 12345.0f) p.c[0] = 1;  // the products stay live
     continue;
 #endif
+    if constexpr (kOneStaging) {
+      // One staging for both: the block's tiles' epilogues take it in tile order (this one is
+      // the k-th), each once the one before has had its stores read it.
+      const int k = 2 * mine + group;
+      if (tid == 0 && k > 0) tma::wait(ring.staging_free(), (k - 1) & 1);
+      const bool staged =
+          p.out_group_cols > 0 && (g_rows == kAlgTmaRows || r0 / p.row_stride + g_rows == p.view_rows);
+      if (staged) store_tile<BN>(acc, ring.staging(), p, m, r0, wcol, group, tid, gwarp, grp, tig);
+      if (tid == 0) {
+        if (staged) bulk_wait_read();
+        tma::arrive(ring.staging_free());
+      }
+      if (staged) continue;
+    }
     // Rows the map's clipping bounds (all 64, or the view's last ones; the columns end with the
     // tile or the group) leave by TMA stores; others (accumulating, unequal groups, a short tile
     // within a class's rows) are stored from registers.
@@ -822,9 +843,9 @@ void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
   static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
   launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
-                            cfg.releases_at_once(), cfg.extra>>(
+                            cfg.releases_at_once(), cfg.extra, cfg.one_staging>>(
       cfg.groups * kGroupThreads + 32,
-      RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra>::kSmem,
+      RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra, cfg.one_staging>::kSmem,
       a.num_tiles, cfg.persistent, a, stream);
 }
 
