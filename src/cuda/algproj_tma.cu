@@ -44,7 +44,10 @@
 // chunk's products and release its stage at once.
 // A tail whose length is not a multiple of 16 has the rest of its last slice (the next group's
 // columns) zeroed first (zero_slice_past). The epilogue rounds once to bf16 (+ the old value
-// when accumulating), while the other warpgroup's products run when they take tiles in turn.
+// when accumulating), while the other warpgroup's products run when they take tiles in turn;
+// with one staging (AlgTmaConfig::one_staging) their epilogues take the one staging in the
+// block's tile order, each after the one before has had its stores read it (an mbarrier), so
+// that the ring has room for another stage.
 //
 // Ablations (bench/tma_ablation.cpp builds this file with them; the library never does): with
 // QUIVER_TMA_ABLATE_LOADS the producer arrives on each stage without loading it (the products
