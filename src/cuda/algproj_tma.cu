@@ -450,6 +450,26 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         constexpr uint32_t kBoxSliceBytes = kTransW ? BN * kSlice * 2 : kSlice * 128;
         // A tall tile's second 64 rows, where it has them (they follow the first in the view).
         const int halves = kTall && t.row_count > kAlgTmaRows ? 2 : 1;
+        // A stage's boxes at reduction column k: the A box of each half (a_at, a_half bytes apart,
+        // from xm: x or its 16-deep slices) and the W boxes (w_at, `box` bytes apart, from wm).
+        const auto load_boxes = [&](int stage, unsigned char* a_at, uint32_t a_half, const CUtensorMap* xm,
+                                    unsigned char* w_at, uint32_t box, const CUtensorMap* wm, int k) {
+          for (int h = 0; h < halves; ++h) {
+            if (s_rows > 1)
+              tma::load_3d(a_at + h * a_half, xm, &full[stage], k, cls, i0 + kAlgTmaRows * h);
+            else
+              tma::load_2d(a_at + h * a_half, xm, &full[stage], k, m.r_first + kAlgTmaRows * h);
+          }
+          if constexpr (kTransW) {
+#pragma unroll
+            for (int g = 0; g < BT / BN; ++g)
+              if (g < w_boxes) tma::load_2d(w_at + g * box, wm, &full[stage], k, t.col0 + BN * g);
+          } else {
+#pragma unroll
+            for (int pn = 0; pn < BT / 64; ++pn)
+              if (pn < w_boxes) tma::load_2d(w_at + pn * box, wm, &full[stage], t.col0 + 64 * pn, k);
+          }
+        };
         const int c_first = c;
         for (int sg = 0; sg < t.seg_count; ++sg) {
           const ops::AlgSegment seg = tile_segment(m, p, sg);
@@ -468,67 +488,17 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
               const int extra = (len - kAlgTmaChunk) / kSlice;  // slices after the whole chunk
               tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes +
                                                    extra * (halves * L::kXASliceBytes + w_boxes * kBoxSliceBytes));
-              for (int h = 0; h < halves; ++h) {
-                if (s_rows > 1)
-                  tma::load_3d(a + h * L::A::kBytes, &p.x, &full[stage], k0, cls, i0 + kAlgTmaRows * h);
-                else
-                  tma::load_2d(a + h * L::A::kBytes, &p.x, &full[stage], k0, m.r_first + kAlgTmaRows * h);
-              }
-              if constexpr (kTransW) {
-#pragma unroll
-                for (int g = 0; g < BT / BN; ++g)
-                  if (g < w_boxes) tma::load_2d(b + g * kBoxBytes, &p.w, &full[stage], k0, t.col0 + BN * g);
-              } else {
-#pragma unroll
-                for (int pn = 0; pn < BT / 64; ++pn)
-                  if (pn < w_boxes) tma::load_2d(b + pn * kBoxBytes, &p.w, &full[stage], t.col0 + 64 * pn, k0);
-              }
-              for (int j = 0; j < extra; ++j) {  // (kExtra > 0) the extra slices, as a tail's
-                const int k = k0 + kAlgTmaChunk + kSlice * j;
-                for (int h = 0; h < halves; ++h) {
-                  unsigned char* ah = ring.xa(stage, j) + h * L::kXASliceBytes;
-                  if (s_rows > 1)
-                    tma::load_3d(ah, &p.x16, &full[stage], k, cls, i0 + kAlgTmaRows * h);
-                  else
-                    tma::load_2d(ah, &p.x16, &full[stage], k, m.r_first + kAlgTmaRows * h);
-                }
-                unsigned char* bj = ring.xb(stage, j);
-                if constexpr (kTransW) {
-#pragma unroll
-                  for (int g = 0; g < BT / BN; ++g)
-                    if (g < w_boxes) tma::load_2d(bj + g * kBoxSliceBytes, &p.w16, &full[stage], k, t.col0 + BN * g);
-                } else {
-#pragma unroll
-                  for (int pn = 0; pn < BT / 64; ++pn)
-                    if (pn < w_boxes) tma::load_2d(bj + pn * kBoxSliceBytes, &p.w16, &full[stage], t.col0 + 64 * pn, k);
-                }
-              }
-            } else {  // the tail, slice by slice
+              load_boxes(stage, a, L::A::kBytes, &p.x, b, kBoxBytes, &p.w, k0);
+              for (int j = 0; j < extra; ++j)  // (kExtra > 0) the extra slices, laid out as a tail's
+                load_boxes(stage, ring.xa(stage, j), L::kXASliceBytes, &p.x16, ring.xb(stage, j), kBoxSliceBytes,
+                           &p.w16, k0 + kAlgTmaChunk + kSlice * j);
+            } else {  // the tail, slice by slice; forward, W rows k .. k + 15 where a whole chunk would put them
               const int n = tail_slices(valid);
               tma::arrive_expect(&full[stage], n * (halves * kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
-              for (int sl = 0; sl < n; ++sl) {
-                const int k = k0 + kSlice * sl;
-                for (int h = 0; h < halves; ++h) {
-                  unsigned char* ah = a_slice(a + h * L::A::kBytes, sl);
-                  if (s_rows > 1)
-                    tma::load_3d(ah, &p.x16, &full[stage], k, cls, i0 + kAlgTmaRows * h);
-                  else
-                    tma::load_2d(ah, &p.x16, &full[stage], k, m.r_first + kAlgTmaRows * h);
-                }
-                if constexpr (kTransW) {
-#pragma unroll
-                  for (int g = 0; g < BT / BN; ++g)
-                    if (g < w_boxes)
-                      tma::load_2d(w_slice_t<BT>(b, sl) + g * kBoxSliceBytes, &p.w16, &full[stage], k,
-                                   t.col0 + BN * g);
-                } else {  // W rows k .. k + 15 where a whole chunk would put them
-#pragma unroll
-                  for (int pn = 0; pn < BT / 64; ++pn)
-                    if (pn < w_boxes)
-                      tma::load_2d(b + pn * kBoxBytes + sl * kBoxSliceBytes, &p.w16, &full[stage], t.col0 + 64 * pn,
-                                   k);
-                }
-              }
+              for (int sl = 0; sl < n; ++sl)
+                load_boxes(stage, a_slice(a, sl), L::A::kBytes, &p.x16,
+                           kTransW ? w_slice_t<BT>(b, sl) : b + sl * kBoxSliceBytes, kTransW ? kBoxSliceBytes : kBoxBytes,
+                           &p.w16, k0 + kSlice * sl);
             }
           }
         }
