@@ -667,12 +667,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       QV_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
       flush = Tensor::empty({std::max<int64_t>(l2 / 2, 1)}, DType::F32, Device::CUDA);  // 2 × L2 bytes
     }
-    // Each candidate's time as calibrated (cold for decode shapes) and, for decode shapes, warm.
-    struct Timed {
-      AlgKernel kernel;
-      float us, warm_us;
-    };
-    std::vector<Timed> timed_all;
+    // Each candidate's time as calibrated (cold for decode shapes) and warm.
+    std::vector<AlgKernel> timed_kernels;
+    std::vector<CandidateTime> times;
     nlohmann::json timings = nlohmann::json::object(), warm_timings = nlohmann::json::object();
     for (const AlgKernel& k : kernel_candidates(pass)) {
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
@@ -726,24 +723,19 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       const float us = cold ? fastest_of_three([&] { return per_cold_call(8); }) : warm_us;
       timings[kernel_name(pass, k)] = us;
       if (cold) warm_timings[kernel_name(pass, k)] = warm_us;
-      timed_all.push_back({k, us, warm_us});
+      timed_kernels.push_back(k);
+      times.push_back({us, warm_us});
     }
-    // The fastest; for decode shapes, of those within 5% of the fastest cold call, the fastest
-    // warm. A flushed single call carries several µs of the flush's and the events' own time, so
-    // candidates that stream the same bytes from DRAM time within a few percent of each other
-    // there (Qwen3-32B at M = 1: the fused 16x64 kernel 12.95 µs, the few-row 1x64 13.38), while
-    // warm they differ by up to 1.8× (7.4 against 5.4 µs: the few-row kernel reads each weight
-    // row once per tile, in 128-byte runs).
-    float best_us = 0, best_warm_us = 0;
-    for (const Timed& t : timed_all)
-      if (best_us == 0 || t.us < best_us) best_us = t.us;
-    for (const Timed& t : timed_all)
-      if (t.us <= (cold ? 1.05f : 1.0f) * best_us && (best_warm_us == 0 || t.warm_us < best_warm_us)) {
-        best_warm_us = t.warm_us;
-        best = t.kernel;
-      }
-    for (const Timed& t : timed_all)
-      if (t.kernel == best) best_us = t.us;
+    // Decode shapes: the fastest warm of those within 5% of the fastest flushed call (Qwen3-32B
+    // at M = 1: the fused 16x64 kernel 12.95 µs flushed, the few-row 1x64 13.38, while warm the
+    // few-row kernel took 5.4 µs against 7.4: it reads each weight row once per tile, in 128-byte
+    // runs).
+    const int pick = pick_calibrated(times, cold);
+    float best_us = 0;
+    if (pick >= 0) {
+      best = timed_kernels[pick];
+      best_us = times[pick].us;
+    }
     QV_CUDA_CHECK(cudaEventDestroy(start));
     QV_CUDA_CHECK(cudaEventDestroy(stop));
     // Only the chosen kernel's plan stays.

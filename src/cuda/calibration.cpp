@@ -85,4 +85,15 @@ const std::string& device_name_for_keys() {
   return name;
 }
 
+int pick_calibrated(const std::vector<CandidateTime>& times, bool near_ties) {
+  int fastest = -1;
+  for (size_t i = 0; i < times.size(); ++i)
+    if (fastest < 0 || times[i].us < times[fastest].us) fastest = static_cast<int>(i);
+  if (!near_ties || fastest < 0) return fastest;
+  int pick = fastest;
+  for (size_t i = 0; i < times.size(); ++i)
+    if (times[i].us <= 1.05f * times[fastest].us && times[i].warm_us < times[pick].warm_us) pick = static_cast<int>(i);
+  return pick;
+}
+
 }  // namespace quiver::cuda

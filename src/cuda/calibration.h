@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,5 +36,17 @@ KernelCache& kernel_cache();
 
 // The current device's name, for keys ("NVIDIA H200").
 const std::string& device_name_for_keys();
+
+// A calibration candidate's times, µs: `us` as the choice is timed (L2 flushed before each call
+// for decode shapes), `warm_us` back to back.
+struct CandidateTime {
+  float us, warm_us;
+};
+// The chosen candidate's index (-1 when there is none): the fastest `us`; with near_ties (decode
+// shapes), of the candidates within 5% of the fastest `us`, the fastest `warm_us`. A flushed
+// single call carries several µs of the flush's and the events' own time, so candidates that
+// stream the same bytes from DRAM time within a few percent of each other there, while back to
+// back they can differ by far more.
+int pick_calibrated(const std::vector<CandidateTime>& times, bool near_ties);
 
 }  // namespace quiver::cuda

@@ -1,6 +1,7 @@
 // The kernel-choice cache (cuda/calibration.h): choices survive a new process (a new cache on
 // the same file), a damaged or foreign file is ignored and then replaced, and a file that
-// cannot be written leaves the cache working in memory. Needs no GPU.
+// cannot be written leaves the cache working in memory; and the rule that picks a calibrated
+// candidate from its times. Needs no GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -82,4 +83,21 @@ TEST(KernelCache, AnUnwritableFileLeavesTheCacheInMemory) {
   memory.store("m", 3);
   EXPECT_EQ(*memory.lookup("m"), 3);
   fs::remove_all(dir);
+}
+
+TEST(KernelCache, PickCalibratedTakesTheFastestAndForDecodeTheFastestWarmNearTie) {
+  using quiver::cuda::pick_calibrated;
+  EXPECT_EQ(pick_calibrated({}, false), -1);
+  EXPECT_EQ(pick_calibrated({}, true), -1);
+  // Timed back to back: the fastest, whatever the warm times say.
+  const std::vector<quiver::cuda::CandidateTime> t = {{100.f, 50.f}, {104.f, 40.f}, {106.f, 10.f}, {99.f, 60.f}};
+  EXPECT_EQ(pick_calibrated(t, false), 3);
+  // Decode shapes: of those within 5% of the fastest flushed time (99 → 103.95), the fastest warm;
+  // 104 and 106 are outside it, however fast warm.
+  EXPECT_EQ(pick_calibrated(t, true), 0);
+  const std::vector<quiver::cuda::CandidateTime> u = {{12.95f, 7.4f}, {13.38f, 5.4f}, {14.0f, 1.0f}};
+  EXPECT_EQ(pick_calibrated(u, true), 1);
+  EXPECT_EQ(pick_calibrated(u, false), 0);
+  // Equal times keep the first.
+  EXPECT_EQ(pick_calibrated({{5.f, 5.f}, {5.f, 5.f}}, true), 0);
 }
