@@ -675,10 +675,11 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       // The few-row kernels read 16-byte weight vectors and pay off only for few rows.
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       // The TMA row pass: tensors its maps can describe and a plan its boxes can read.
-      if (k.kind == AlgKernel::Kind::Tma &&
-          (!tma_candidates() || !tma_ok || plan(pass, k, types, stream).tma_stride == 0 ||
-           plan(pass, k, types, stream).tma_extra_idle))
-        continue;
+      if (k.kind == AlgKernel::Kind::Tma) {
+        if (!tma_candidates() || !tma_ok) continue;
+        const DevicePlan& d = plan(pass, k, types, stream);
+        if (d.tma_stride == 0 || d.tma_extra_idle) continue;
+      }
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {
         const DevicePlan& d = plan(pass, k, types, stream);

@@ -295,28 +295,24 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
       xdb[j] = wgmma::descriptor<128>(zero ? zero_b : xb + j * kXBytes + wcol / 64 * kSlice * 128, kSlice * 128,
                                       8 * 128);
   }
+  const auto step = [&](uint64_t da_k, uint64_t db_k) {  // one k16 step; dX's W is K-major
+    if constexpr (kTransW)
+      wgmma::mma<BN, 0, 0>(acc, da_k, db_k, true);
+    else
+      wgmma::mma<BN, 0, 1>(acc, da_k, db_k, true);
+  };
   wgmma::fence();
 #ifndef QUIVER_TMA_ABLATE_PRODUCTS
 #pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) {
-    if constexpr (kTransW)
-      wgmma::mma<BN, 0, 0>(acc, da[kk], db[kk], true);
-    else
-      wgmma::mma<BN, 0, 1>(acc, da[kk], db[kk], true);
-  }
+  for (int kk = 0; kk < kSteps; ++kk) step(da[kk], db[kk]);
 #pragma unroll
-  for (int j = 0; j < kExtra; ++j) {
-    if constexpr (kTransW)
-      wgmma::mma<BN, 0, 0>(acc, xda[j], xdb[j], true);
-    else
-      wgmma::mma<BN, 0, 1>(acc, xda[j], xdb[j], true);
-  }
+  for (int j = 0; j < kExtra; ++j) step(xda[j], xdb[j]);
 #endif
 }
 
 // The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
 // warpgroups' side by side; a tall tile's stage holds two 64-row A chunks; every warpgroup has a
-// staging of 64 × BN products.
+// staging of 64 × BN products, or (kOneStaging) two warpgroups in turn share one.
 template <int BN, int kStages, int kGroups, bool kCoop, bool kTall, int kExtra = 0, bool kOneStaging = false>
 using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kOneStaging ? 1 : kGroups) * BN * 128,
                             kTall ? 2 : 1, TileMeta, kExtra>;
