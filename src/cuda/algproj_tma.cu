@@ -254,15 +254,15 @@ __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char*
 }
 
 // The four k16 steps of one stage for the BN columns from wcol of its BT (a warpgroup's share of
-// a cooperative tile; 0 otherwise): a whole chunk's, or a tail's `slices` slices and then steps
-// over the zero operands (zero_a: a slice of A, zero_b: BN × 16 of W as either operand), so
-// that every chunk issues the same instructions (a data-dependent count puts the wgmma on a
+// a cooperative tile; 0 otherwise): a whole chunk's (valid = 64), or a tail's ceil(valid / 16)
+// slices and then steps over the zero operands (zero_a: a slice of A, zero_b: BN × 16 of W as
+// either operand), so that every chunk issues the same instructions (a data-dependent count puts the wgmma on a
 // divergent path, which ptxas serializes); only the descriptors are selected. With kExtra
 // slices (AlgTmaConfig::extra), kExtra more steps follow: the stage's `extra` slices (x's at xa,
 // this warpgroup's 64-row half; W's at xb; kXBytes apart) and then the zero operands.
 template <int BN, int BT, bool kTransW, int kExtra = 0, uint32_t kXBytes = 0>
 __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned char* a, unsigned char* stage_b,
-                                               int wcol, int slices, const unsigned char* zero_a,
+                                               int wcol, int valid, const unsigned char* zero_a,
                                                const unsigned char* zero_b, unsigned char* xa = nullptr,
                                                unsigned char* xb = nullptr, int extra = 0) {
   using A = wgmma::Panels<kAlgTmaChunk>;
@@ -271,7 +271,9 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
   // This warpgroup's W: forward, its panels; dX, its rows (128 bytes each, of a whole chunk).
   unsigned char* b = stage_b + (kTransW ? wcol * 128 : wcol / 64 * B::kPanelBytes);
   constexpr int kSteps = kAlgTmaChunk / kSlice;
-  const bool tail = slices < kSteps;
+  // A tail (valid < 64) was loaded slice by slice, also where it has four slices (49-63 of k).
+  const bool tail = valid < kAlgTmaChunk;
+  const int slices = tail_slices(valid);
   uint64_t da[kSteps], db[kSteps];  // all selected before the fence (ptxas fences registers set after it)
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
@@ -547,7 +549,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         // A tall tile's warpgroup without rows (a tile of 64 rows or fewer) computes on the stale
         // half and stores nothing: the stages' barriers count both warpgroups.
         chunk_products<BN, BT, kTransW, kExtra, L::kXBytes>(
-            acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, tail_slices(valid), ring.zero_a(), ring.zero_b(),
+            acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, valid, ring.zero_a(), ring.zero_b(),
             ring.xa(stage, 0) + group * (kHalves - 1) * L::kXASliceBytes, ring.xb(stage, 0),
             (len - kAlgTmaChunk) / kSlice);
         wgmma::commit();
