@@ -41,6 +41,7 @@ Tensor run_row_plan(const ops::AlgRowPlan& p, const Tensor& in, const Tensor& w,
         double acc = 0;
         for (int32_t s = 0; s < t.seg_count; ++s) {
           const ops::AlgSegment seg = p.segments[t.seg_begin + s];
+          if (!p.places.empty() && (c < p.places[t.seg_begin + s].c0 || c >= p.places[t.seg_begin + s].c1)) continue;
           for (int32_t k = seg.k0; k < seg.k0 + seg.len; ++k)
             acc += X[m * ld_in + k] * (transposed ? W[col * N + k] : W[k * N + col]);
         }
@@ -162,6 +163,34 @@ void check(const Case& c, int tile_rows, int tile_cols) {
     EXPECT_LE(t.ncols, tile_cols);
   }
 
+  // The packed forward: the same result, each element once, pieces laid end to end in chunks.
+  for (int chunk : {16, 64}) {
+    const ops::AlgRowPlan pk =
+        ops::plan_row_pass(law, widths, types, ops::AlgPass::Forward, tile_rows, tile_cols, false, chunk);
+    SCOPED_TRACE("packed, chunk " + std::to_string(chunk));
+    const Tensor yp = run_row_plan(pk, x, w, false, N, writes);
+    EXPECT_TRUE(each_once(writes)) << "packed forward: an output element is not owned by exactly one tile";
+    EXPECT_LT(max_abs_diff(yp, y_ref), 1e-9);
+    EXPECT_EQ(pk.macs, fwd.macs);
+    ASSERT_EQ(pk.places.size(), pk.segments.size());
+    for (const ops::AlgRowTile& t : pk.tiles) {
+      EXPECT_LE(t.ncols, tile_cols);
+      int32_t end = 0, pieces = 0;
+      for (int32_t s = 0; s < t.seg_count; ++s) {
+        const ops::AlgSegment seg = pk.segments[t.seg_begin + s];
+        const ops::AlgSegmentPlace pl = pk.places[t.seg_begin + s];
+        if (pl.kpos == 0) end = 0, pieces = 0;
+        EXPECT_EQ(pl.kpos, end) << "a piece that neither starts a chunk nor follows the one before";
+        EXPECT_TRUE(s > 0 || pl.kpos == 0);
+        EXPECT_GT(seg.len, 0);
+        EXPECT_LE(pl.kpos + seg.len, chunk);
+        EXPECT_LE(++pieces, ops::kAlgPackMaxPieces);
+        EXPECT_TRUE(0 <= pl.c0 && pl.c0 < pl.c1 && pl.c1 <= t.ncols);
+        end = pl.kpos + seg.len;
+      }
+    }
+  }
+
   const ops::AlgRowPlan dxp = ops::plan_row_pass(law, widths, types, ops::AlgPass::DX, tile_rows, tile_cols);
   const Tensor dx = run_row_plan(dxp, dy, w, true, K, writes);
   EXPECT_TRUE(each_once(writes)) << "dX: an output element is not owned by exactly one tile";
@@ -192,6 +221,29 @@ TEST(AlgProjTiles, PlansReproduceTheFormula) {
   };
   for (const Case& c : cases)
     for (auto [tr, tc] : {std::pair{2, 8}, std::pair{4, 16}, std::pair{64, 128}}) check(c, tr, tc);
+}
+
+// Narrow groups pack: Q_8 with output groups of 12 and reductions of 4 in tiles of 32 columns
+// takes two whole groups a tile, reduced over the type's block once and each group's own block
+// over its 12 columns, all in one chunk of 16; a plan for dX cannot be packed.
+TEST(AlgProjTiles, PackedTilesTakeWholeGroups) {
+  const algebra::Law law = algebra::Law::parse("Q8");
+  const algebra::GroupWidths widths = algebra::GroupWidths::equal(8, 32, 96);
+  const std::vector<int> types = algebra::Schedule::cyclic().types(0, 64, 8);
+  const ops::AlgRowPlan p = ops::plan_row_pass(law, widths, types, ops::AlgPass::Forward, 8, 32, false, 16);
+  ASSERT_EQ(p.tiles.size(), 8u * 4u);  // 8 classes of 8 rows, 4 column tiles of 24
+  for (const ops::AlgRowTile& t : p.tiles) {
+    EXPECT_EQ(t.ncols, 24);
+    EXPECT_EQ(t.col0 % 24, 0);
+    EXPECT_LE(t.seg_count, 3);
+    for (int32_t s = 0; s < t.seg_count; ++s) EXPECT_EQ(p.places[t.seg_begin + s].kpos == 0, s == 0);
+  }
+  try {
+    ops::plan_row_pass(law, widths, types, ops::AlgPass::DX, 8, 32, false, 16);
+    ADD_FAILURE() << "a packed dX plan was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("packed plans are forward plans"), std::string::npos) << e.what();
+  }
 }
 
 TEST(AlgProjTiles, DenseLawIsOneClassAndQqIsLongestFirst) {

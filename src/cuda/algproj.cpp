@@ -307,13 +307,15 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
                        k.split ? " split" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
-  return fmt::format("fused {}x{} k{}x{}{}", c.rows, c.cols, c.chunk, c.stages, k.split ? " split" : "");
+  return fmt::format("fused {}x{} k{}x{}{}{}", c.rows, c.cols, c.chunk, c.stages, c.packed ? " packed" : "",
+                     k.split ? " split" : "");
 }
 
 std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
   std::vector<AlgKernel> out;
   const int n = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
   for (int c = 0; c < n; ++c) {
+    if (pass == ops::AlgPass::DX && detail::kAlgRowConfigs[c].packed) continue;  // packed plans: forward only
     out.push_back({AlgKernel::Kind::Fused, c});
     if (pass == ops::AlgPass::DW) out.push_back({AlgKernel::Kind::Fused, c, true});
   }
@@ -375,7 +377,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     if (n) std::memcpy(bytes.data() + at, src, n);
     return at;
   };
-  size_t rows_at, tiles_at, segs_at = 0, splits_at = 0, chunks_at = 0, tile_begin_at = 0;
+  size_t rows_at, tiles_at, segs_at = 0, places_at = 0, splits_at = 0, chunks_at = 0, tile_begin_at = 0;
   int dev = 0, sms = 0;
   QV_CUDA_CHECK(cudaGetDevice(&dev));
   QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -402,8 +404,12 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
                                  Device::CUDA);
   } else {
     // The TMA row pass has no reduction pass: its plans are not split (docs/decisions.md).
+    // Packed configurations run packed plans, never split (ops/algproj_tiles.h).
+    const bool packed = kernel.kind == AlgKernel::Kind::Fused && detail::kAlgRowConfigs[kernel.config].packed;
     const ops::AlgRowPlan p =
-        ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols, kernel.kind != AlgKernel::Kind::Tma);
+        ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
+                           kernel.kind != AlgKernel::Kind::Tma && !packed,
+                           packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
     if (kernel.kind == AlgKernel::Kind::Tma) {
       d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
       const int extra = detail::kAlgTmaConfigs[kernel.config].extra;
@@ -414,6 +420,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
+    places_at = append(p.places.data(), p.places.size() * sizeof(ops::AlgSegmentPlace));
+    d.packed = packed;
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgSplit));
     d.num_tiles = static_cast<int>(p.tiles.size());
     d.num_splits = static_cast<int>(p.splits.size());
@@ -440,6 +448,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.rows = reinterpret_cast<const int32_t*>(base + rows_at);
   d.tiles = base + tiles_at;
   d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
+  d.places = d.packed ? reinterpret_cast<const ops::AlgSegmentPlace*>(base + places_at) : nullptr;
   d.splits = base + splits_at;
   d.chunks = base + chunks_at;
   d.tile_begin = reinterpret_cast<const int32_t*>(base + tile_begin_at);
@@ -545,6 +554,8 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     detail::launch_algproj_tma(t, kernel.config, stream);
     return;
   }
+  QV_CHECK(!d.packed || pass == ops::AlgPass::Forward, "algproj: {} is a packed configuration, forward only",
+           kernel_name(pass, kernel));
   detail::AlgRowArgs args{};
   args.a = static_cast<const uint16_t*>(a.raw());
   args.lda = pass == ops::AlgPass::Forward ? K() : N();
@@ -557,6 +568,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   args.rows = d.rows;
   args.tiles = static_cast<const ops::AlgRowTile*>(d.tiles);
   args.segments = d.segments;
+  args.places = d.places;
   args.num_tiles = d.num_tiles;
   args.partials = d.partials.defined() ? static_cast<float*>(d.partials.raw()) : nullptr;
   args.slices = d.slices;
@@ -607,7 +619,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj13|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj14|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -617,7 +629,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       const std::string kind = v->at("kernel").get<std::string>();
       const int config = v->at("config").get<int>();
       const int limit = pass == ops::AlgPass::DW ? detail::kAlgWeightConfigCount : detail::kAlgRowConfigCount;
-      if (kind == "products" || (kind == "fused" && config >= 0 && config < limit)) {
+      if (kind == "products" || (kind == "fused" && config >= 0 && config < limit &&
+                                 !(pass == ops::AlgPass::DX && detail::kAlgRowConfigs[config].packed))) {
         best = {kind == "products" ? AlgKernel::Kind::Products : AlgKernel::Kind::Fused, config,
                 kind == "fused" && pass == ops::AlgPass::DW && v->value("split", false)};
         known = true;

@@ -117,10 +117,16 @@ __device__ __forceinline__ void store_slot(const float (&acc)[MI][NI][4], float*
 // the prefetched records took most configurations from 128 to 164-168 registers, which left a
 // 256-thread block alone on its multiprocessor; bounded, ptxas spills a few dozen to a few
 // hundred bytes in some, and calibration timed them as before or faster (docs/decisions.md).
+// Packed configurations (AlgKernelConfig::packed) walk a packed plan's pieces: a chunk is the
+// run of pieces from one whose kpos is 0 to the next such; each position of the chunk reads the
+// reduction index of the piece laid there (zeros where none is), and a weight row only the
+// columns its piece applies to.
 template <int I, bool kBTrans, int VEC>
 __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowCfg<I>::kThreads * 128)))
     algproj_rows_kernel(const AlgRowArgs p) {
   using G = RowCfg<I>;
+  constexpr bool kPacked = kAlgRowConfigs[I].packed;
+  static_assert(!(kPacked && kBTrans), "packed plans are forward plans");
   constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI, BM = G::BM, BN = G::BN, WM = G::WM, WN = G::WN;
   constexpr int kChunk = G::kChunk, kStages = G::kStages;
   constexpr int A_LD = kChunk + 8;
@@ -158,8 +164,64 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
       a_row[j] = i < kAVecs && r < ltile.row_count ? p.rows[ltile.row_begin + r] : -1;
     }
   };
+  auto load_packed = [&](int stage) {
+    struct Piece {
+      int k0, len, pos, c0, c1;
+    };
+    Piece pc[ops::kAlgPackMaxPieces];  // the chunk's pieces, by constant index (registers)
+    int taken = 0;
+#pragma unroll
+    for (int i = 0; i < ops::kAlgPackMaxPieces; ++i) {
+      pc[i] = Piece{0, 0, kChunk, 0, 0};
+      const int s = lseg_i + i;
+      if (taken == i && s < ltile.seg_count) {
+        const ops::AlgSegmentPlace pl = p.places[ltile.seg_begin + s];
+        if (i == 0 || pl.kpos != 0) {
+          const ops::AlgSegment sg = p.segments[ltile.seg_begin + s];
+          pc[i] = Piece{sg.k0, sg.len, pl.kpos, pl.c0, pl.c1};
+          taken = i + 1;
+        }
+      }
+    }
+    // Chunk position v -> its reduction index (-1: none) and the tile columns it applies to.
+    auto find = [&](int v, int& k, int& c0, int& c1) {
+      k = -1, c0 = 0, c1 = 0;
+#pragma unroll
+      for (int i = 0; i < ops::kAlgPackMaxPieces; ++i)
+        if (v >= pc[i].pos && v < pc[i].pos + pc[i].len) k = pc[i].k0 + v - pc[i].pos, c0 = pc[i].c0, c1 = pc[i].c1;
+    };
+    uint16_t* a_dst = sA + stage * kAStage;
+#pragma unroll
+    for (int j = 0; j < kAPerThread; ++j) {
+      const int i = tid + j * kThreads;
+      if (i >= kAVecs) break;
+      const int r = i / (kChunk / VEC), c = (i % (kChunk / VEC)) * VEC;
+      int k, c0, c1;
+      find(c, k, c0, c1);
+      const bool ok = a_row[j] >= 0 && k >= 0;
+      cp_async<2 * VEC>(a_dst + r * A_LD + c, ok ? p.a + static_cast<int64_t>(a_row[j]) * p.lda + k : p.a, ok);
+    }
+    uint16_t* b_dst = sB + stage * kBStage;
+    for (int i = tid; i < kChunk * (BN / VEC); i += kThreads) {
+      const int kr = i / (BN / VEC), c = (i % (BN / VEC)) * VEC;
+      int k, c0, c1;
+      find(kr, k, c0, c1);
+      const bool ok = k >= 0 && c >= c0 && c < c1 && c < ltile.ncols;
+      cp_async<2 * VEC>(b_dst + kr * B_LD + c, ok ? p.w + static_cast<int64_t>(k) * p.ldw + ltile.col0 + c : p.w,
+                        ok);
+    }
+    lseg_i += taken;
+    if (lseg_i >= ltile.seg_count) {
+      lt += gridDim.x;
+      begin_tile();
+    }
+  };
   auto load = [&](int stage) {
     if (lt >= p.num_tiles) return;
+    if constexpr (kPacked) {
+      load_packed(stage);
+      return;
+    }
     const int k0 = lseg.k0 + loff, klen = min(kChunk, lseg.len - loff);
     uint16_t* a_dst = sA + stage * kAStage;
 #pragma unroll
@@ -215,7 +277,11 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
     const ops::AlgRowTile t = tnext;
     if (ct + gridDim.x < p.num_tiles) tnext = p.tiles[ct + gridDim.x];
     int chunks = 0;
-    for (int s = 0; s < t.seg_count; ++s) chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
+    for (int s = 0; s < t.seg_count; ++s)
+      if constexpr (kPacked)
+        chunks += p.places[t.seg_begin + s].kpos == 0;
+      else
+        chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
     int32_t out_row[MI][2];  // output rows of this thread's accumulators (-1: none)
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -581,7 +647,10 @@ template <int I, int VEC>
 void rows_config(const AlgRowArgs& a, cudaStream_t stream) {
   using G = RowCfg<I>;
   const size_t a_bytes = size_t(G::kStages) * G::BM * (G::kChunk + 8) * 2;
-  if (a.w_transposed)
+  if constexpr (kAlgRowConfigs[I].packed) {  // forward only (AlgProj::run_fused checks)
+    launch<algproj_rows_kernel<I, false, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::kChunk * (G::BN + 8) * 2,
+                                               a.num_tiles, true, a, stream);
+  } else if (a.w_transposed)
     launch<algproj_rows_kernel<I, true, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::BN * (G::kChunk + 8) * 2,
                                               a.num_tiles, true, a, stream);
   else

@@ -20,15 +20,21 @@ namespace quiver::cuda::detail {
 
 // Kernel configurations, index = config: the block's output tile (rows × cols), its warp
 // grid (WM × WN warps), the reduction chunk per pipeline stage and the number of stages.
-// Calibration picks among them per shape (algproj.h).
+// Calibration picks among them per shape (algproj.h). `packed` (row pass, forward only): the
+// configuration runs packed plans (ops/algproj_tiles.h: tiles of several whole output groups,
+// segments laid end to end in its chunks, each applied to its groups' columns).
 struct AlgKernelConfig {
   int rows, cols, warps_m, warps_n, chunk, stages;
+  bool packed = false;
 };
 // Row pass (forward, dX).
 constexpr AlgKernelConfig kAlgRowConfigs[] = {
     {64, 128, 2, 2, 32, 3},  {64, 128, 2, 2, 32, 6},  {64, 128, 2, 2, 64, 4}, {128, 128, 4, 2, 32, 4},
     {64, 256, 2, 4, 32, 4},  {128, 256, 4, 4, 32, 3}, {32, 128, 2, 2, 32, 6}, {16, 128, 1, 4, 32, 8},
     {16, 64, 1, 4, 32, 8},   {64, 128, 2, 4, 32, 4},
+    // Packed: for narrow groups (Q_256 at Qwen3-32B: reductions of 20, output groups of 100).
+    {64, 256, 2, 4, 64, 2, true}, {64, 256, 2, 4, 64, 3, true}, {128, 256, 4, 4, 64, 3, true},
+    {64, 128, 2, 2, 64, 4, true},
 };
 constexpr int kAlgRowConfigCount = sizeof(kAlgRowConfigs) / sizeof(kAlgRowConfigs[0]);
 // Weight pass (dW): tile = dW rows × dW columns, the chunk runs over token rows.
@@ -173,6 +179,7 @@ struct AlgRowArgs {
   const int32_t* rows;  // device copies of an ops::AlgRowPlan
   const ops::AlgRowTile* tiles;
   const ops::AlgSegment* segments;
+  const ops::AlgSegmentPlace* places;  // packed plans (packed configurations) only
   int num_tiles;
   float* partials;  // the plan's slots (tiles with slot >= 0 write there; see AlgReduceArgs)
   // The few-row forward only: blocks per tile (1-8, one thread-block cluster), each reducing an

@@ -108,14 +108,115 @@ void split_long_tiles(AlgRowPlan& plan, int64_t out_elems, int tile_rows, int ti
   plan.tiles = std::move(tiles);
 }
 
+// The tiles of one class of a packed plan (algproj_tiles.h): column tiles of consecutive whole
+// output groups up to tile_cols wide (a wider group cut into tiles of tile_cols), each with the
+// union of its groups' reduction groups, every one applied to the columns of the groups that
+// reduce over it, laid end to end in chunks of `chunk`.
+void add_packed_tiles(AlgRowPlan& plan, const std::vector<std::vector<int>>& groups_of_out,
+                      const std::vector<int32_t>& rows, const std::vector<int64_t>& o_off,
+                      const std::vector<int64_t>& r_off, int tile_rows, int tile_cols, int chunk) {
+  const int q = static_cast<int>(groups_of_out.size());
+  const int32_t row_begin = static_cast<int32_t>(plan.rows.size());
+  plan.rows.insert(plan.rows.end(), rows.begin(), rows.end());
+  const int32_t nrows = static_cast<int32_t>(rows.size());
+  struct Part {  // output group g reduced into tile columns [c0, c1)
+    int g;
+    int32_t c0, c1;
+  };
+  auto emit = [&](int64_t col0, int32_t ncols, const std::vector<Part>& parts) {
+    // Reduction group b -> the tile columns it applies to, as ascending disjoint ranges.
+    std::map<int, std::vector<std::pair<int32_t, int32_t>>> cols_of;
+    for (const Part& pt : parts)
+      for (int b : groups_of_out[pt.g]) {
+        auto& rs = cols_of[b];
+        if (!rs.empty() && rs.back().second == pt.c0)
+          rs.back().second = pt.c1;
+        else
+          rs.push_back({pt.c0, pt.c1});
+      }
+    struct Entry {
+      int32_t k0, len, c0, c1;
+    };
+    std::vector<Entry> entries;
+    for (const auto& [b, rs] : cols_of) {
+      const int32_t k0 = static_cast<int32_t>(r_off[b]), len = static_cast<int32_t>(r_off[b + 1] - r_off[b]);
+      if (len == 0) continue;
+      for (const auto& [c0, c1] : rs) {
+        Entry& last = entries.empty() ? entries.emplace_back(Entry{k0, 0, c0, c1}) : entries.back();
+        if (last.k0 + last.len == k0 && last.c0 == c0 && last.c1 == c1)
+          last.len += len;  // contiguous reduction groups over the same columns: one segment
+        else
+          entries.push_back({k0, len, c0, c1});
+      }
+    }
+    // Laid end to end in chunks: pieces cut at a chunk's end, at most kAlgPackMaxPieces a chunk.
+    const int32_t seg_begin = static_cast<int32_t>(plan.segments.size());
+    int64_t macs_per_row = 0;
+    int32_t pos = 0, pieces = 0;
+    for (const Entry& e : entries) {
+      macs_per_row += static_cast<int64_t>(e.len) * (e.c1 - e.c0);
+      for (int32_t off = 0; off < e.len;) {
+        if (pieces == kAlgPackMaxPieces) pos = 0, pieces = 0;
+        const int32_t take = std::min(e.len - off, chunk - pos);
+        plan.segments.push_back({e.k0 + off, take});
+        plan.places.push_back({static_cast<int16_t>(e.c0), static_cast<int16_t>(e.c1), static_cast<int16_t>(pos), 0});
+        off += take;
+        pos += take;
+        ++pieces;
+        if (pos == chunk) pos = 0, pieces = 0;
+      }
+    }
+    const int32_t seg_count = static_cast<int32_t>(plan.segments.size()) - seg_begin;
+    for (int32_t r0 = 0; r0 < nrows; r0 += tile_rows) {
+      AlgRowTile t;
+      t.row_begin = row_begin + r0;
+      t.row_count = std::min<int32_t>(tile_rows, nrows - r0);
+      t.col0 = static_cast<int32_t>(col0);
+      t.ncols = ncols;
+      t.seg_begin = seg_begin;
+      t.seg_count = seg_count;
+      t.slot = -1;
+      plan.tiles.push_back(t);
+      plan.macs += t.row_count * macs_per_row;
+    }
+  };
+  for (int g = 0; g < q;) {
+    const int64_t width = o_off[g + 1] - o_off[g];
+    if (width == 0) {
+      ++g;
+      continue;
+    }
+    if (width > tile_cols) {  // a wide group alone, cut into tiles of tile_cols
+      for (int64_t c0 = 0; c0 < width; c0 += tile_cols) {
+        const int32_t n = static_cast<int32_t>(std::min<int64_t>(tile_cols, width - c0));
+        emit(o_off[g] + c0, n, {{g, 0, n}});
+      }
+      ++g;
+      continue;
+    }
+    std::vector<Part> parts;  // consecutive whole groups while they fit
+    int64_t end = o_off[g];
+    for (; g < q && o_off[g + 1] - o_off[parts.empty() ? g : parts.front().g] <= tile_cols; ++g) {
+      if (o_off[g + 1] == o_off[g]) continue;
+      const int64_t start = parts.empty() ? o_off[g] : o_off[parts.front().g];
+      parts.push_back({g, static_cast<int32_t>(o_off[g] - start), static_cast<int32_t>(o_off[g + 1] - start)});
+      end = o_off[g + 1];
+    }
+    emit(o_off[parts.front().g], static_cast<int32_t>(end - o_off[parts.front().g]), parts);
+  }
+}
+
 }  // namespace
 
 AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                          const std::vector<int>& row_types, AlgPass pass, int tile_rows,
-                         int tile_cols, bool split) {
+                         int tile_cols, bool split, int pack_chunk) {
   QV_CHECK(pass == AlgPass::Forward || pass == AlgPass::DX,
            "plan_row_pass: the pass must be Forward or DX");
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
+  QV_CHECK(pack_chunk == 0 || (pass == AlgPass::Forward && pack_chunk > 0 && tile_cols <= 4096),
+           "plan_row_pass: packed plans are forward plans of at most 4096 columns a tile (asked: {}, chunk {}, "
+           "{} columns)", pass == AlgPass::Forward ? "forward" : "dX", pack_chunk, tile_cols);
   const int q = law.q();
   const bool fwd = pass == AlgPass::Forward;
   const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
@@ -151,6 +252,16 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   AlgRowPlan plan;
   plan.slot_rows = tile_rows;
   plan.slot_cols = tile_cols;
+  if (pack_chunk > 0) {
+    for (size_t c = 0; c < representative.size(); ++c)
+      if (!class_rows[c].empty())
+        add_packed_tiles(plan, groups[representative[c]], class_rows[c], o_off, r_off, tile_rows, tile_cols,
+                         pack_chunk);
+    std::stable_sort(plan.tiles.begin(), plan.tiles.end(), [&](const AlgRowTile& x, const AlgRowTile& y) {
+      return reduction_length(plan, x) > reduction_length(plan, y);
+    });
+    return plan;
+  }
   for (size_t c = 0; c < representative.size(); ++c) {
     const std::vector<int32_t>& rows = class_rows[c];
     if (rows.empty()) continue;

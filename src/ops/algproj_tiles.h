@@ -28,6 +28,16 @@
 // stays deterministic and every output element still has one owner.
 //
 // Tiles are ordered longest reduction first, so the long ones start early.
+//
+// Packed plans (forward only, for the fused kernel's packed configurations): where a law's
+// groups are narrow (Q_256 at Qwen3-32B: reductions of 20, output groups of 100), a tile of one
+// output group reduces over a few dozen columns, so tiles are many and short and each pays a
+// whole chunk per segment. A packed tile takes consecutive whole output groups of one class up to
+// tile_cols columns (a group wider than that is cut as above), reduces over the union of their
+// segments, each applied only to the columns of the groups that reduce over it (AlgSegmentPlace;
+// the kernel reads the weight as zero elsewhere), and lays the segments end to end in chunks of
+// pack_chunk: a segment may be cut at a chunk's end, and a chunk holds at most kAlgPackMaxPieces
+// pieces. Q_q's typed block x_α W_α· then serves every group of the tile at once.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -42,6 +52,13 @@ namespace quiver::ops {
 struct AlgSegment {
   int32_t k0, len;
 };
+
+// Where a packed plan's segment applies: tile columns [c0, c1), and its first position in its
+// chunk (kpos 0: it starts a chunk).
+struct AlgSegmentPlace {
+  int16_t c0, c1, kpos, unused;
+};
+inline constexpr int kAlgPackMaxPieces = 4;
 
 struct AlgRowTile {
   int32_t row_begin, row_count;  // into AlgRowPlan::rows
@@ -78,6 +95,7 @@ struct AlgRowPlan {
   std::vector<int32_t> rows;  // row indices of every class, concatenated (ascending within one)
   std::vector<AlgRowTile> tiles;
   std::vector<AlgSegment> segments;
+  std::vector<AlgSegmentPlace> places;  // packed plans only: one per segment
   std::vector<AlgSplit> splits;
   int32_t slot_rows = 0, slot_cols = 0;  // a slot's shape: the tile shape asked for
   int32_t num_slots = 0;
@@ -94,9 +112,10 @@ struct AlgWeightPlan {
 
 // pass: Forward or DX. row_types: one entry per row, in [0, q). split: whether long
 // reductions may be split (cut points are multiples of kAlgSplitAlign reduction columns).
+// pack_chunk > 0: a packed plan (forward only, never split) in chunks of pack_chunk.
 AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                          const std::vector<int>& row_types, AlgPass pass, int tile_rows,
-                         int tile_cols, bool split = true);
+                         int tile_cols, bool split = true, int pack_chunk = 0);
 constexpr int kAlgSplitAlign = 64;
 
 // The stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (each

@@ -355,7 +355,9 @@ TEST(GpuAlgProj, EveryFusedTileShapeEveryPass) {
   ASSERT_GE(dw_configs, 2);
   for (int c = 0; c < row_configs; ++c) {
     SCOPED_TRACE("tile config " + std::to_string(c));
-    const cuda::AlgProj::Kernels k{fused(c), fused(c), fused(c % dw_configs)};
+    // Packed configurations run the forward only (PackedTilesEveryConfig below).
+    const bool packed = cuda::detail::kAlgRowConfigs[c].packed;
+    const cuda::AlgProj::Kernels k{fused(c), fused(packed ? 0 : c), fused(c % dw_configs)};
     for (const Case* cs : {&kQ4, &kQ2xQ2, &kGraph, &kBlockDiag, &kDense, &kUnequalEven}) {
       check_case(*cs, make_types(Sched::Cyclic, 37, 4, 3), 101 + c, k);
       check_case(*cs, make_types(Sched::Random, 37, 4, 5), 111 + c, k);
@@ -365,6 +367,34 @@ TEST(GpuAlgProj, EveryFusedTileShapeEveryPass) {
     check_case(kWide, make_types(Sched::Cyclic, 130, 4, 4), 141 + c, k);
     check_case(kWide, {2}, 151 + c, k);
   }
+}
+
+TEST(GpuAlgProj, PackedTilesEveryConfig) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Packed plans (ops/algproj_tiles.h): tiles of several whole output groups whose segments
+  // apply to some of their columns, laid end to end in chunks. Narrow groups as Q_256 at
+  // Qwen3-32B (reductions of 20, output groups of 100: 4-byte copies, three segments in one
+  // chunk), reductions of 8 into groups of 24 (16-byte copies), output groups wider than a tile
+  // (cut), unequal widths, and laws whose segments merge or cover a tile's columns in pieces.
+  const Case narrow{"Q16", {}, {}, 320, 1600};
+  const Case narrow8{"Q8", {}, {}, 64, 192};
+  const Case wide_groups{"Q4", {}, {}, 160, 1088};
+  int packed = 0;
+  for (int c = 0; c < cuda::detail::kAlgRowConfigCount; ++c) {
+    if (!cuda::detail::kAlgRowConfigs[c].packed) continue;
+    ++packed;
+    SCOPED_TRACE("packed tile config " + std::to_string(c));
+    const cuda::AlgProj::Kernels k{fused(c), fused(0), fused(0)};
+    for (const Case* cs : {&narrow, &narrow8, &wide_groups, &kUnequalEven, &kQ2xQ2, &kGraph, &kDense}) {
+      const int q = algebra::Law::parse(cs->law).q();
+      check_case(*cs, make_types(Sched::Cyclic, 300, q, 0), 201 + c, k);
+      check_case(*cs, make_types(Sched::Random, 77, q, 3), 211 + c, k);
+      check_case(*cs, {3, 1, 3}, 221 + c, k);
+    }
+    check_case(narrow, make_types(Sched::Interval, 2100, 16, 0), 231 + c, k);
+  }
+  EXPECT_GE(packed, 1);
 }
 
 TEST(GpuAlgProj, SplitReductionsEveryRowTile) {
