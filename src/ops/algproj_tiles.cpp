@@ -214,9 +214,10 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   QV_CHECK(pass == AlgPass::Forward || pass == AlgPass::DX,
            "plan_row_pass: the pass must be Forward or DX");
   check_plan_args(law, widths, row_types, tile_rows, tile_cols);
-  QV_CHECK(pack_chunk == 0 || (pass == AlgPass::Forward && pack_chunk > 0 && tile_cols <= 4096),
-           "plan_row_pass: packed plans are forward plans of at most 4096 columns a tile (asked: {}, chunk {}, "
-           "{} columns)", pass == AlgPass::Forward ? "forward" : "dX", pack_chunk, tile_cols);
+  // (A packed plan's column ranges and chunk positions are 16-bit.)
+  QV_CHECK(pack_chunk == 0 || (pass == AlgPass::Forward && pack_chunk > 0 && pack_chunk <= 4096 && tile_cols <= 4096),
+           "plan_row_pass: packed plans are forward plans of at most 4096 columns a tile and chunks of at most 4096 "
+           "(asked: {}, chunk {}, {} columns)", pass == AlgPass::Forward ? "forward" : "dX", pack_chunk, tile_cols);
   const int q = law.q();
   const bool fwd = pass == AlgPass::Forward;
   const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
