@@ -378,6 +378,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     return at;
   };
   size_t rows_at, tiles_at, segs_at = 0, places_at = 0, splits_at = 0, chunks_at = 0, tile_begin_at = 0;
+  bool packed = false;
   int dev = 0, sms = 0;
   QV_CUDA_CHECK(cudaGetDevice(&dev));
   QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -405,7 +406,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   } else {
     // The TMA row pass has no reduction pass: its plans are not split (docs/decisions.md).
     // Packed configurations run packed plans, never split (ops/algproj_tiles.h).
-    const bool packed = kernel.kind == AlgKernel::Kind::Fused && detail::kAlgRowConfigs[kernel.config].packed;
+    packed = kernel.kind == AlgKernel::Kind::Fused && detail::kAlgRowConfigs[kernel.config].packed;
     const ops::AlgRowPlan p =
         ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
                            kernel.kind != AlgKernel::Kind::Tma && !packed,
@@ -421,7 +422,6 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
     places_at = append(p.places.data(), p.places.size() * sizeof(ops::AlgSegmentPlace));
-    d.packed = packed;
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgSplit));
     d.num_tiles = static_cast<int>(p.tiles.size());
     d.num_splits = static_cast<int>(p.splits.size());
@@ -448,7 +448,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.rows = reinterpret_cast<const int32_t*>(base + rows_at);
   d.tiles = base + tiles_at;
   d.segments = reinterpret_cast<const ops::AlgSegment*>(base + segs_at);
-  d.places = d.packed ? reinterpret_cast<const ops::AlgSegmentPlace*>(base + places_at) : nullptr;
+  d.places = packed ? reinterpret_cast<const ops::AlgSegmentPlace*>(base + places_at) : nullptr;
   d.splits = base + splits_at;
   d.chunks = base + chunks_at;
   d.tile_begin = reinterpret_cast<const int32_t*>(base + tile_begin_at);
@@ -554,7 +554,7 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     detail::launch_algproj_tma(t, kernel.config, stream);
     return;
   }
-  QV_CHECK(!d.packed || pass == ops::AlgPass::Forward, "algproj: {} is a packed configuration, forward only",
+  QV_CHECK(d.places == nullptr || pass == ops::AlgPass::Forward, "algproj: {} is a packed configuration, forward only",
            kernel_name(pass, kernel));
   detail::AlgRowArgs args{};
   args.a = static_cast<const uint16_t*>(a.raw());

@@ -167,8 +167,7 @@ class AlgProj {
     const int32_t* rows = nullptr;
     const void* tiles = nullptr;
     const ops::AlgSegment* segments = nullptr;
-    const ops::AlgSegmentPlace* places = nullptr;  // a packed plan's (packed configurations)
-    bool packed = false;
+    const ops::AlgSegmentPlace* places = nullptr;  // a packed plan's (packed configurations); else null
     int num_tiles = 0;
     const void* splits = nullptr;  // split reductions (ops::AlgSplit or AlgWeightSplit) and their fp32 slots
     int num_splits = 0, slot_rows = 0, slot_cols = 0;
