@@ -307,8 +307,8 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
                        k.split ? " split" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
-  return fmt::format("fused {}x{} k{}x{}{}{}", c.rows, c.cols, c.chunk, c.stages, c.packed ? " packed" : "",
-                     k.split ? " split" : "");
+  return fmt::format("fused {}x{} k{}x{}{}{}{}", c.rows, c.cols, c.chunk, c.stages, c.packed ? " packed" : "",
+                     c.staged ? " staged" : "", k.split ? " split" : "");
 }
 
 std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {

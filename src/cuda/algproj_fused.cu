@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/algproj_fused_launch.h"
@@ -125,7 +126,7 @@ template <int I, bool kBTrans, int VEC>
 __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowCfg<I>::kThreads * 128)))
     algproj_rows_kernel(const AlgRowArgs p) {
   using G = RowCfg<I>;
-  constexpr bool kPacked = kAlgRowConfigs[I].packed;
+  constexpr bool kPacked = kAlgRowConfigs[I].packed, kStaged = kAlgRowConfigs[I].staged;
   static_assert(!(kPacked && kBTrans), "packed plans are forward plans");
   constexpr int kThreads = G::kThreads, MI = G::MI, NI = G::NI, BM = G::BM, BN = G::BN, WM = G::WM, WN = G::WN;
   constexpr int kChunk = G::kChunk, kStages = G::kStages;
@@ -304,6 +305,44 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
       store_slot<BN>(acc, p.partials + static_cast<int64_t>(t.slot) * (BM * BN), warp_row0, warp_col0, grp, tig,
                      t.row_count, t.ncols);
       continue;
+    }
+    if constexpr (kStaged) {
+      if (!p.accumulate) {
+        // The tile's products in bf16, [BM][BN + 8] after the ring (rows 528 bytes apart for
+        // BN = 256: a quad's 8 rows fall in distinct banks), then along its rows.
+        uint16_t* sC = smem + kStages * (kAStage + kBStage);
+        constexpr int C_LD = BN + 8;
+        __syncthreads();  // the previous tile's copy has read sC (a tile without chunks has no barrier)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+              const int r = warp_row0 + mi * 16 + grp + h * 8, col = warp_col0 + ni * 8 + 2 * tig;
+              *reinterpret_cast<__nv_bfloat162*>(sC + r * C_LD + col) =
+                  __floats2bfloat162_rn(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            }
+        __syncthreads();
+        const int align = static_cast<int>(p.ldc | t.col0 | t.ncols) | static_cast<int>(reinterpret_cast<uintptr_t>(p.c) / 2);
+        auto copy_out = [&](auto width) {
+          constexpr int OV = decltype(width)::value;  // elements a thread moves at once
+          using V = std::conditional_t<OV == 8, uint4, std::conditional_t<OV == 4, uint2, uint32_t>>;
+          const int nv = t.ncols / OV;
+          for (int i = tid; i < t.row_count * nv; i += kThreads) {
+            const int r = i / nv, c = (i - r * nv) * OV;
+            *reinterpret_cast<V*>(p.c + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + c) =
+                *reinterpret_cast<const V*>(sC + r * C_LD + c);
+          }
+        };
+        if (align % 8 == 0)
+          copy_out(std::integral_constant<int, 8>{});
+        else if (align % 4 == 0)
+          copy_out(std::integral_constant<int, 4>{});
+        else
+          copy_out(std::integral_constant<int, 2>{});
+        continue;
+      }
     }
     // Whole 32-byte sectors: the quad's threads swap halves of two neighbouring n8 tiles, so
     // each writes 4 consecutive columns and one store instruction covers 16 columns of a row.
@@ -646,7 +685,9 @@ void gemv_configs(const AlgRowArgs& a, int config, cudaStream_t stream, std::int
 template <int I, int VEC>
 void rows_config(const AlgRowArgs& a, cudaStream_t stream) {
   using G = RowCfg<I>;
-  const size_t a_bytes = size_t(G::kStages) * G::BM * (G::kChunk + 8) * 2;
+  // The ring (A and B stages), then the staging of staged configurations.
+  const size_t a_bytes = size_t(G::kStages) * G::BM * (G::kChunk + 8) * 2 +
+                         (kAlgRowConfigs[I].staged ? size_t(G::BM) * (G::BN + 8) * 2 : 0);
   if constexpr (kAlgRowConfigs[I].packed) {  // forward only (AlgProj::run_fused checks)
     launch<algproj_rows_kernel<I, false, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::kChunk * (G::BN + 8) * 2,
                                                a.num_tiles, true, a, stream);

@@ -22,10 +22,14 @@ namespace quiver::cuda::detail {
 // grid (WM × WN warps), the reduction chunk per pipeline stage and the number of stages.
 // Calibration picks among them per shape (algproj.h). `packed` (row pass, forward only): the
 // configuration runs packed plans (ops/algproj_tiles.h: tiles of several whole output groups,
-// segments laid end to end in its chunks, each applied to its groups' columns).
+// segments laid end to end in its chunks, each applied to its groups' columns). `staged` (row
+// pass): a tile's bf16 products are laid out in shared memory and written along its rows, 16
+// bytes a thread where the columns allow, instead of from the mma fragments (a store
+// instruction of which covers 32 bytes in each of 8 rows); tiles that add to the output or to a
+// slot write from the fragments.
 struct AlgKernelConfig {
   int rows, cols, warps_m, warps_n, chunk, stages;
-  bool packed = false;
+  bool packed = false, staged = false;
 };
 // Row pass (forward, dX).
 constexpr AlgKernelConfig kAlgRowConfigs[] = {
@@ -33,8 +37,8 @@ constexpr AlgKernelConfig kAlgRowConfigs[] = {
     {64, 256, 2, 4, 32, 4},  {128, 256, 4, 4, 32, 3}, {32, 128, 2, 2, 32, 6}, {16, 128, 1, 4, 32, 8},
     {16, 64, 1, 4, 32, 8},   {64, 128, 2, 4, 32, 4},
     // Packed: for narrow groups (Q_256 at Qwen3-32B: reductions of 20, output groups of 100).
-    {64, 256, 2, 4, 64, 2, true}, {64, 256, 2, 4, 64, 3, true}, {128, 256, 4, 4, 64, 3, true},
-    {64, 128, 2, 2, 64, 4, true},
+    {64, 256, 2, 4, 64, 2, true},       {128, 256, 4, 4, 64, 3, true},       {64, 256, 2, 4, 64, 2, true, true},
+    {128, 256, 4, 4, 64, 2, true, true}, {128, 256, 4, 4, 64, 3, true, true},
 };
 constexpr int kAlgRowConfigCount = sizeof(kAlgRowConfigs) / sizeof(kAlgRowConfigs[0]);
 // Weight pass (dW): tile = dW rows × dW columns, the chunk runs over token rows.
