@@ -138,6 +138,10 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* sA = smem;
   uint16_t* sB = smem + kStages * kAStage;
+  // Per stage: whether its chunk is the last of its tile. The loader writes it with the chunk and
+  // the compute side reads it after the barrier that makes the chunk visible, so neither side
+  // counts a tile's chunks from its segment records.
+  __shared__ int s_last[kStages];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // ---- loader: walks (tile, segment, offset) one chunk at a time ----
@@ -169,19 +173,24 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
     struct Piece {
       int k0, len, pos, c0, c1;
     };
+    // The records of the next kAlgPackMaxPieces segments are read at once (whether a segment
+    // belongs to the chunk depends on its record, so reading them in turn would wait on each).
+    ops::AlgSegmentPlace pl[ops::kAlgPackMaxPieces];
+    ops::AlgSegment sg[ops::kAlgPackMaxPieces];
+#pragma unroll
+    for (int i = 0; i < ops::kAlgPackMaxPieces; ++i) {
+      const bool have = lseg_i + i < ltile.seg_count;
+      pl[i] = have ? p.places[ltile.seg_begin + lseg_i + i] : ops::AlgSegmentPlace{0, 0, 0, 0};
+      sg[i] = have ? p.segments[ltile.seg_begin + lseg_i + i] : ops::AlgSegment{0, 0};
+    }
     Piece pc[ops::kAlgPackMaxPieces];  // the chunk's pieces, by constant index (registers)
     int taken = 0;
 #pragma unroll
     for (int i = 0; i < ops::kAlgPackMaxPieces; ++i) {
       pc[i] = Piece{0, 0, kChunk, 0, 0};
-      const int s = lseg_i + i;
-      if (taken == i && s < ltile.seg_count) {
-        const ops::AlgSegmentPlace pl = p.places[ltile.seg_begin + s];
-        if (i == 0 || pl.kpos != 0) {
-          const ops::AlgSegment sg = p.segments[ltile.seg_begin + s];
-          pc[i] = Piece{sg.k0, sg.len, pl.kpos, pl.c0, pl.c1};
-          taken = i + 1;
-        }
+      if (taken == i && lseg_i + i < ltile.seg_count && (i == 0 || pl[i].kpos != 0)) {
+        pc[i] = Piece{sg[i].k0, sg[i].len, pl[i].kpos, pl[i].c0, pl[i].c1};
+        taken = i + 1;
       }
     }
     // Chunk position v -> its reduction index (-1: none) and the tile columns it applies to.
@@ -213,8 +222,11 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
     }
     lseg_i += taken;
     if (lseg_i >= ltile.seg_count) {
+      if (tid == 0) s_last[stage] = 1;
       lt += gridDim.x;
       begin_tile();
+    } else if (tid == 0) {
+      s_last[stage] = 0;
     }
   };
   auto load = [&](int stage) {
@@ -250,9 +262,11 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
       }
     }
     loff += kChunk;
+    const bool last = loff >= lseg.len && lseg_i + 1 >= ltile.seg_count;
+    if (tid == 0) s_last[stage] = last;
     if (loff >= lseg.len) {
-      if (++lseg_i < ltile.seg_count) {
-        lseg = p.segments[ltile.seg_begin + lseg_i];
+      if (!last) {
+        lseg = p.segments[ltile.seg_begin + ++lseg_i];
         loff = 0;
       } else {
         lt += gridDim.x;
@@ -277,12 +291,6 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
   for (int ct = blockIdx.x; ct < p.num_tiles; ct += gridDim.x) {
     const ops::AlgRowTile t = tnext;
     if (ct + gridDim.x < p.num_tiles) tnext = p.tiles[ct + gridDim.x];
-    int chunks = 0;
-    for (int s = 0; s < t.seg_count; ++s)
-      if constexpr (kPacked)
-        chunks += p.places[t.seg_begin + s].kpos == 0;
-      else
-        chunks += (p.segments[t.seg_begin + s].len + kChunk - 1) / kChunk;
     int32_t out_row[MI][2];  // output rows of this thread's accumulators (-1: none)
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -292,9 +300,11 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
         out_row[mi][h] = r < t.row_count ? p.rows[t.row_begin + r] : -1;
       }
     float acc[MI][NI][4] = {};
-    for (int c = 0; c < chunks; ++c, ++step) {
+    // The tile's chunks, up to the one its loader marked last (tiles without segments have none).
+    for (bool last = t.seg_count == 0; !last; ++step) {
       cp_async_wait<kStages - 2>();
       __syncthreads();
+      last = s_last[step % kStages];
       load((step + kStages - 1) % kStages);
       cp_async_commit();
       const int stage = step % kStages;
