@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
   // the compute side reads it after the barrier that makes the chunk visible, so neither side
   // counts a tile's chunks from its segment records.
   __shared__ int s_last[kStages];
+  __shared__ int32_t s_rows[kStaged ? BM : 1];  // staged epilogue: the tile's output rows
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // ---- loader: walks (tile, segment, offset) one chunk at a time ----
@@ -200,25 +201,35 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
       for (int i = 0; i < ops::kAlgPackMaxPieces; ++i)
         if (v >= pc[i].pos && v < pc[i].pos + pc[i].len) k = pc[i].k0 + v - pc[i].pos, c0 = pc[i].c0, c1 = pc[i].c1;
     };
+    // A: a thread's copies share one chunk column (the block's threads are a multiple of the
+    // vectors in a row), so one lookup serves them all.
+    static_assert(kThreads % (kChunk / VEC) == 0, "a packed A copy keeps its column");
     uint16_t* a_dst = sA + stage * kAStage;
+    const int ac = (tid % (kChunk / VEC)) * VEC;
+    int ak, c0, c1;
+    find(ac, ak, c0, c1);
 #pragma unroll
     for (int j = 0; j < kAPerThread; ++j) {
       const int i = tid + j * kThreads;
       if (i >= kAVecs) break;
-      const int r = i / (kChunk / VEC), c = (i % (kChunk / VEC)) * VEC;
-      int k, c0, c1;
-      find(c, k, c0, c1);
-      const bool ok = a_row[j] >= 0 && k >= 0;
-      cp_async<2 * VEC>(a_dst + r * A_LD + c, ok ? p.a + static_cast<int64_t>(a_row[j]) * p.lda + k : p.a, ok);
+      const bool ok = a_row[j] >= 0 && ak >= 0;
+      cp_async<2 * VEC>(a_dst + (i / (kChunk / VEC)) * A_LD + ac,
+                        ok ? p.a + static_cast<int64_t>(a_row[j]) * p.lda + ak : p.a, ok);
     }
+    // B: a warp takes whole weight rows (one lookup a row), its lanes the columns.
+    constexpr int kWarps = kThreads / 32;
+    static_assert(kChunk % kWarps == 0, "a packed chunk's rows split evenly over the warps");
     uint16_t* b_dst = sB + stage * kBStage;
-    for (int i = tid; i < kChunk * (BN / VEC); i += kThreads) {
-      const int kr = i / (BN / VEC), c = (i % (BN / VEC)) * VEC;
-      int k, c0, c1;
+#pragma unroll
+    for (int kr = warp; kr < kChunk; kr += kWarps) {
+      int k;
       find(kr, k, c0, c1);
-      const bool ok = k >= 0 && c >= c0 && c < c1 && c < ltile.ncols;
-      cp_async<2 * VEC>(b_dst + kr * B_LD + c, ok ? p.w + static_cast<int64_t>(k) * p.ldw + ltile.col0 + c : p.w,
-                        ok);
+      const uint16_t* src = p.w + static_cast<int64_t>(k < 0 ? 0 : k) * p.ldw + ltile.col0;
+#pragma unroll
+      for (int c = lane * VEC; c < BN; c += 32 * VEC) {
+        const bool ok = k >= 0 && c >= c0 && c < c1 && c < ltile.ncols;
+        cp_async<2 * VEC>(b_dst + kr * B_LD + c, ok ? src + c : p.w, ok);
+      }
     }
     lseg_i += taken;
     if (lseg_i >= ltile.seg_count) {
@@ -333,16 +344,21 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
               *reinterpret_cast<__nv_bfloat162*>(sC + r * C_LD + col) =
                   __floats2bfloat162_rn(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
+        // The output rows of the tile's rows, from the threads that hold them.
+        if (warp_col0 == 0 && tig == 0)
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) s_rows[warp_row0 + mi * 16 + grp + h * 8] = out_row[mi][h];
         __syncthreads();
         const int align = static_cast<int>(p.ldc | t.col0 | t.ncols) | static_cast<int>(reinterpret_cast<uintptr_t>(p.c) / 2);
-        auto copy_out = [&](auto width) {
+        auto copy_out = [&](auto width) {  // a warp a row, its lanes along it
           constexpr int OV = decltype(width)::value;  // elements a thread moves at once
           using V = std::conditional_t<OV == 8, uint4, std::conditional_t<OV == 4, uint2, uint32_t>>;
-          const int nv = t.ncols / OV;
-          for (int i = tid; i < t.row_count * nv; i += kThreads) {
-            const int r = i / nv, c = (i - r * nv) * OV;
-            *reinterpret_cast<V*>(p.c + static_cast<int64_t>(p.rows[t.row_begin + r]) * p.ldc + t.col0 + c) =
-                *reinterpret_cast<const V*>(sC + r * C_LD + c);
+          for (int r = warp; r < t.row_count; r += kThreads / 32) {
+            uint16_t* dst = p.c + static_cast<int64_t>(s_rows[r]) * p.ldc + t.col0;
+            for (int c = lane * OV; c < t.ncols; c += 32 * OV)
+              *reinterpret_cast<V*>(dst + c) = *reinterpret_cast<const V*>(sC + r * C_LD + c);
           }
         };
         if (align % 8 == 0)
