@@ -391,6 +391,37 @@ TEST(AlgProjTiles, UniformRowStride) {
   EXPECT_EQ(stride_of(24, 100), 0);  // output tiles from column 100
 }
 
+// The box shape of TMA stores from a staged row pass: one where every tile has the same rows (one
+// progression) and columns, whatever the reduction columns; none for uneven classes, tiles
+// narrower at the end, misaligned or over-wide columns, or split reductions.
+TEST(AlgProjTiles, UniformStoreBox) {
+  const algebra::Law q16 = algebra::Law::complete(16);
+  auto box = [&](const std::vector<int>& types, int in, int out, int tile_rows, int tile_cols, int pack,
+                 ops::AlgPass pass = ops::AlgPass::Forward) {
+    const ops::AlgRowPlan p = ops::plan_row_pass(q16, algebra::GroupWidths::equal(16, 16 * in, 16 * out), types, pass,
+                                                 tile_rows, tile_cols, pack == 0, pack);
+    return ops::uniform_store_box(p, static_cast<int64_t>(types.size()));
+  };
+  // Qwen3-32B's q = 256 in miniature: groups of 20 and 100, packed tiles of two groups.
+  ops::AlgStoreBox b = box(algebra::Schedule::cyclic().types(0, 2048, 16), 20, 100, 128, 256, 64);
+  EXPECT_EQ(b.rows, 128);
+  EXPECT_EQ(b.cols, 200);
+  EXPECT_EQ(b.stride, 16);
+  b = box(algebra::Schedule::cyclic().types(0, 512, 16), 20, 100, 128, 256, 64);  // 32 rows a type
+  EXPECT_EQ(b.rows, 32);
+  EXPECT_EQ(b.stride, 16);
+  b = box(algebra::Schedule::interval(2048).types(0, 2048, 16), 20, 100, 64, 256, 64);  // contiguous runs
+  EXPECT_EQ(b.rows, 64);
+  EXPECT_EQ(b.cols, 200);
+  EXPECT_EQ(b.stride, 1);
+  EXPECT_EQ(box(algebra::Schedule::cyclic().types(0, 300, 16), 20, 100, 128, 256, 64).rows, 0);  // 18 or 19 rows
+  EXPECT_EQ(box(algebra::Schedule::cyclic().types(0, 2048, 16), 20, 100, 128, 128, 64).rows, 0);  // columns from 100
+  EXPECT_EQ(box(algebra::Schedule::cyclic().types(0, 2048, 16), 20, 300, 128, 256, 64).rows, 0);  // 256 + 44
+  EXPECT_EQ(box(algebra::Schedule::cyclic().types(0, 2048, 16), 20, 104, 128, 128, 0).cols, 104);  // one group a tile
+  // Q16's dX of a type's own group reduces over all N columns: split, so no box.
+  EXPECT_EQ(box(algebra::Schedule::cyclic().types(0, 2048, 16), 16, 128, 128, 128, 0, ops::AlgPass::DX).rows, 0);
+}
+
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,
 // together exactly each tile's rows; cyclic types cut along one type's stride, interval types
 // along their runs, a multi-type list of cyclic types per type; random types refused.

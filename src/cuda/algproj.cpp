@@ -418,6 +418,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
                            return detail::tma_chunks(s.len, extra) == detail::tma_chunks(s.len, 0);
                          });
     }
+    if (kernel.kind == AlgKernel::Kind::Fused && detail::kAlgRowConfigs[kernel.config].staged)
+      d.store_box = ops::uniform_store_box(p, static_cast<int64_t>(types.size()));
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgRowTile));
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
@@ -577,6 +579,14 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     args.c2 = out2 != nullptr ? static_cast<uint16_t*>(out2->raw()) : nullptr;
     args.swiglu = swiglu;
   }
+  // Staged tiles of one box shape leave by TMA stores (AlgRowArgs::y).
+  const ops::AlgStoreBox& box = d.store_box;
+  if (box.rows > 0 && !accumulate && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0 && args.ldc % 8 == 0) {
+    args.y = tma_map_staging_bf16(out.raw(), static_cast<int64_t>(types.size()), args.ldc, args.ldc, box.rows, box.cols,
+                                  box.stride);
+    args.y_rows = box.rows;
+    args.y_stride = box.stride;
+  }
   if (kernel.kind == AlgKernel::Kind::Gemv)
     detail::launch_algproj_gemv(args, config, stream);
   else
@@ -619,7 +629,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj15|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj16|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

@@ -179,6 +179,9 @@ class AlgProj {
     // A TMA row configuration with extra slices (AlgTmaConfig::extra) whose walk of the plan's
     // segments takes no fewer stages than without them: its twin without them is as fast.
     bool tma_extra_idle = false;
+    // A staged row configuration's tiles as one TMA store box each (AlgRowArgs::y_rows); rows 0:
+    // they are copied out by the block's threads.
+    ops::AlgStoreBox store_box;
     const void* chunks = nullptr;  // the TMA weight pass's ops::AlgWeightChunk and tile_begin
     const int32_t* tile_begin = nullptr;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives

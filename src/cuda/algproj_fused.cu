@@ -30,6 +30,7 @@
 #include "cuda/elementwise_launch.h"
 #include "cuda/mma_ptx.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/tma.cuh"
 
 namespace quiver::cuda::detail {
 namespace {
@@ -124,7 +125,7 @@ __device__ __forceinline__ void store_slot(const float (&acc)[MI][NI][4], float*
 // columns its piece applies to.
 template <int I, bool kBTrans, int VEC>
 __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowCfg<I>::kThreads * 128)))
-    algproj_rows_kernel(const AlgRowArgs p) {
+    algproj_rows_kernel(const __grid_constant__ AlgRowArgs p) {
   using G = RowCfg<I>;
   constexpr bool kPacked = kAlgRowConfigs[I].packed, kStaged = kAlgRowConfigs[I].staged;
   static_assert(!(kPacked && kBTrans), "packed plans are forward plans");
@@ -329,10 +330,15 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
     }
     if constexpr (kStaged) {
       if (!p.accumulate) {
-        // The tile's products in bf16, [BM][BN + 8] after the ring (rows 528 bytes apart for
-        // BN = 256: a quad's 8 rows fall in distinct banks), then along its rows.
-        uint16_t* sC = smem + kStages * (kAStage + kBStage);
-        constexpr int C_LD = BN + 8;
+        // The tile's products in bf16 after the ring (on a 128-byte boundary): [BM][BN + 8] (rows
+        // 528 bytes apart for BN = 256: a quad's 8 rows fall in distinct banks), then along its
+        // rows; or, leaving by a TMA store (p.y_rows > 0), the box's rows of t.ncols (400 bytes
+        // apart for Qwen3-32B's 200 columns: again 8 distinct banks).
+        uint16_t* sC = reinterpret_cast<uint16_t*>(
+            (reinterpret_cast<uintptr_t>(smem + kStages * (kAStage + kBStage)) + 127) & ~uintptr_t{127});
+        const bool by_tma = p.y_rows > 0;
+        const int c_ld = by_tma ? t.ncols : BN + 8;
+        if (by_tma && tid == 0) bulk_wait_read();  // the previous tile's store has read sC
         __syncthreads();  // the previous tile's copy has read sC (a tile without chunks has no barrier)
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
@@ -341,9 +347,21 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
 #pragma unroll
             for (int ni = 0; ni < NI; ++ni) {
               const int r = warp_row0 + mi * 16 + grp + h * 8, col = warp_col0 + ni * 8 + 2 * tig;
-              *reinterpret_cast<__nv_bfloat162*>(sC + r * C_LD + col) =
-                  __floats2bfloat162_rn(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+              if (!by_tma || col < t.ncols)
+                *reinterpret_cast<__nv_bfloat162*>(sC + r * c_ld + col) =
+                    __floats2bfloat162_rn(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
+        if (by_tma) {  // rows past y_rows were laid out past the box: not stored
+          fence_proxy_async_shared();
+          __syncthreads();
+          if (tid == 0) {
+            const int r0 = out_row[0][0];  // the tile's first row
+            tma::store_3d(&p.y, sC, t.col0, r0 % p.y_stride, r0 / p.y_stride);
+            tma::bulk_commit();
+          }
+          continue;
+        }
+        constexpr int C_LD = BN + 8;
         // The output rows of the tile's rows, from the threads that hold them.
         if (warp_col0 == 0 && tig == 0)
 #pragma unroll
@@ -423,6 +441,7 @@ __global__ void __launch_bounds__(RowCfg<I>::kThreads, std::max(1, 65536 / (RowC
       }
   }
   cp_async_wait<0>();
+  if (kStaged && tid == 0 && p.y_rows > 0) bulk_wait();  // the tiles' stores have left shared memory
 }
 
 // ---- Weight pass ----------------------------------------------------------------------------
@@ -713,7 +732,7 @@ void rows_config(const AlgRowArgs& a, cudaStream_t stream) {
   using G = RowCfg<I>;
   // The ring (A and B stages), then the staging of staged configurations.
   const size_t a_bytes = size_t(G::kStages) * G::BM * (G::kChunk + 8) * 2 +
-                         (kAlgRowConfigs[I].staged ? size_t(G::BM) * (G::BN + 8) * 2 : 0);
+                         (kAlgRowConfigs[I].staged ? size_t(G::BM) * (G::BN + 8) * 2 + 128 : 0);
   if constexpr (kAlgRowConfigs[I].packed) {  // forward only (AlgProj::run_fused checks)
     launch<algproj_rows_kernel<I, false, VEC>>(G::kThreads, a_bytes + size_t(G::kStages) * G::kChunk * (G::BN + 8) * 2,
                                                a.num_tiles, true, a, stream);

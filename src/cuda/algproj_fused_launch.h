@@ -24,9 +24,9 @@ namespace quiver::cuda::detail {
 // configuration runs packed plans (ops/algproj_tiles.h: tiles of several whole output groups,
 // segments laid end to end in its chunks, each applied to its groups' columns). `staged` (row
 // pass): a tile's bf16 products are laid out in shared memory and written along its rows, 16
-// bytes a thread where the columns allow, instead of from the mma fragments (a store
-// instruction of which covers 32 bytes in each of 8 rows); tiles that add to the output or to a
-// slot write from the fragments.
+// bytes a thread where the columns allow, or as one TMA store where every tile is one box shape
+// (AlgRowArgs::y), instead of from the mma fragments (a store instruction of which covers 32
+// bytes in each of 8 rows); tiles that add to the output or to a slot write from the fragments.
 struct AlgKernelConfig {
   int rows, cols, warps_m, warps_n, chunk, stages;
   bool packed = false, staged = false;
@@ -197,6 +197,12 @@ struct AlgRowArgs {
   // With w2: c = SwiGLU(x W, x W2) instead (SwiGLU's gate W and up W2, each product rounded to
   // bf16 first, as swiglu_forward reads them), one block computing both for its tile; c2 unused.
   bool swiglu = false;
+  // Staged configurations, a stored product (not accumulate) and a plan whose tiles are all one
+  // box (ops::uniform_store_box): y_rows > 0, and c as tma_map_staging_bf16 with boxes {the
+  // tiles' columns, 1, y_rows} of the rows r + y_stride i, so that a tile's staging leaves shared
+  // memory as one TMA store. y_rows 0: the block's threads copy it out.
+  CUtensorMap y;
+  int y_rows = 0, y_stride = 1;
 };
 
 // The second pass of a plan with split reductions: c[rows of a split, its columns] = Σ of its

@@ -37,12 +37,13 @@ CUtensorMapSwizzle swizzle_of(int box_cols) {
 }
 
 // A bf16 map of `rank` dimensions (dims innermost first, strides in bytes past the first),
-// boxes box[] with box[0] = box_cols and every step 1; `what` names the operand in errors.
+// boxes box[] with box[0] = box_cols and every step 1, swizzled as swizzle_of(box_cols) or not at
+// all; `what` names the operand in errors.
 CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                   const cuuint32_t* box, int box_rows, const std::string& what) {
+                   const cuuint32_t* box, int box_rows, const std::string& what, bool swizzled = true) {
   QV_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tma: {} must be 16-byte aligned", what);
   QV_CHECK(box_rows >= 1 && box_rows <= 256, "tma: box rows {} outside 1..256", box_rows);
-  const CUtensorMapSwizzle swizzle = swizzle_of(static_cast<int>(box[0]));
+  const CUtensorMapSwizzle swizzle = swizzled ? swizzle_of(static_cast<int>(box[0])) : CU_TENSOR_MAP_SWIZZLE_NONE;
   const cuuint32_t steps[4] = {1, 1, 1, 1};
   CUtensorMap map{};
   const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides,
@@ -71,6 +72,21 @@ CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t l
   const cuuint32_t box[3] = {u32(box_cols), strided ? 1u : u32(box_rows), u32(box_rows)};
   return encode(base, strided ? 3 : 2, dims, strides, box, box_rows,
                 fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld));
+}
+
+CUtensorMap tma_map_staging_bf16(void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+                                 int64_t row_stride) {
+  QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
+           "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
+  QV_CHECK(box_cols >= 8 && box_cols <= 256 && box_cols % 8 == 0, "tma: staging boxes of {} columns (needs a "
+           "multiple of 8 up to 256)", box_cols);
+  QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
+           row_stride);
+  const cuuint64_t dims[3] = {u64(cols), u64(row_stride), u64(rows / row_stride)};
+  const cuuint64_t strides[2] = {u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
+  const cuuint32_t box[3] = {u32(box_cols), 1u, u32(box_rows)};
+  return encode(base, 3, dims, strides, box, box_rows, fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld),
+                false);
 }
 
 CUtensorMap tma_map_groups_bf16(void* base, int64_t rows, int64_t groups, int64_t group_cols, int64_t ld,

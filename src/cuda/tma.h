@@ -19,6 +19,14 @@ namespace quiver::cuda {
 CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                          int64_t row_stride = 1);
 
+// The rows r = c1 + s c2 of a row-major bf16 matrix [rows, cols] (ld a multiple of 8, rows a
+// multiple of s ≥ 1) as a rank-3 map {cols, s, rows / s} for stores of unswizzled boxes {box_cols,
+// 1, box_rows}: a staging of box_rows rows of box_cols elements (a multiple of 8, at most 256),
+// row after row, written to the rows c1 + s (c2 + i) from column c0 (a multiple of 8), clipped at
+// the matrix's last column and row.
+CUtensorMap tma_map_staging_bf16(void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+                                 int64_t row_stride);
+
 // A row-major bf16 matrix [rows, groups · group_cols] (ld elements between rows, a multiple of
 // 8; group_cols a multiple of 8) seen per column group, for boxes of box_rows rows × 64 columns
 // of one group (128-byte swizzle): rank 3 {group_cols, groups, rows}, or with row_stride s > 1

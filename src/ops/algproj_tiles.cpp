@@ -300,7 +300,7 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   return plan;
 }
 
-int uniform_row_stride(const AlgRowPlan& plan, int64_t M) {
+int tile_row_stride(const AlgRowPlan& plan, int64_t M) {
   int stride = 0;
   for (const AlgRowTile& t : plan.tiles) {
     if (t.row_count < 2) continue;
@@ -310,12 +310,28 @@ int uniform_row_stride(const AlgRowPlan& plan, int64_t M) {
     for (int i = 2; i < t.row_count; ++i)
       if (plan.rows[t.row_begin + i] - plan.rows[t.row_begin + i - 1] != s) return 0;
   }
+  if (stride == 0) stride = 1;  // single rows only
+  return M % stride == 0 ? stride : 0;
+}
+
+int uniform_row_stride(const AlgRowPlan& plan, int64_t M) {
   for (const AlgRowTile& t : plan.tiles)
     if (t.col0 % kAlgTmaAlign != 0) return 0;
   for (const AlgSegment& sg : plan.segments)
     if (sg.k0 % kAlgTmaAlign != 0) return 0;
-  if (stride == 0) stride = 1;  // single rows only
-  return M % stride == 0 ? stride : 0;
+  return tile_row_stride(plan, M);
+}
+
+AlgStoreBox uniform_store_box(const AlgRowPlan& plan, int64_t M) {
+  if (plan.tiles.empty() || !plan.splits.empty()) return {};
+  const AlgRowTile& first = plan.tiles.front();
+  for (const AlgRowTile& t : plan.tiles)
+    if (t.slot >= 0 || t.row_count != first.row_count || t.ncols != first.ncols || t.col0 % kAlgTmaAlign != 0)
+      return {};
+  if (first.row_count < 1 || first.row_count > 256 || first.ncols % kAlgTmaAlign != 0 || first.ncols > 256) return {};
+  const int stride = tile_row_stride(plan, M);
+  if (stride == 0) return {};
+  return {first.row_count, first.ncols, stride};
 }
 
 AlgWeightPlan plan_weight_pass(const algebra::Law& law, const algebra::GroupWidths& widths,

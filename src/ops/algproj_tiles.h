@@ -127,6 +127,18 @@ int uniform_row_stride(const AlgRowPlan& plan, int64_t M);
 // A TMA box's innermost coordinate must address a 16-byte boundary (the hardware faults with an
 // illegal instruction otherwise): 8 bf16 columns.
 inline constexpr int kAlgTmaAlign = 8;
+// The rows part of uniform_row_stride: the stride s with which every tile holds rows r, r + s,
+// ..., M a multiple of s (1 where every tile has one row); 0 where there is none.
+int tile_row_stride(const AlgRowPlan& plan, int64_t M);
+
+// Where a row plan's tiles can leave shared memory as TMA stores of one box shape: every tile
+// `rows` rows (1..256) of one progression of `stride` (tile_row_stride) and `cols` columns (a
+// multiple of kAlgTmaAlign, at most 256) from a column that is a multiple of kAlgTmaAlign, none
+// of them a split's piece. rows 0: no such shape.
+struct AlgStoreBox {
+  int rows = 0, cols = 0, stride = 0;
+};
+AlgStoreBox uniform_store_box(const AlgRowPlan& plan, int64_t M);
 
 // The TMA weight pass reads a tile's reduction rows in chunks of up to kAlgTmaChunkRows rows,
 // each one box of a view of x and dY: `count` rows row0, row0 + d, ... with d = 1, or d =

@@ -393,6 +393,16 @@ TEST(GpuAlgProj, PackedTilesEveryConfig) {
       check_case(*cs, {3, 1, 3}, 221 + c, k);
     }
     check_case(narrow, make_types(Sched::Interval, 2100, 16, 0), 231 + c, k);
+    // Classes of equal rows: every tile is one box, which staged configurations store by TMA
+    // (ops::uniform_store_box), strided (cyclic types, 128 and 32 rows a type) or contiguous.
+    const cuda::detail::AlgKernelConfig& cfg = cuda::detail::kAlgRowConfigs[c];
+    for (const std::vector<int>& types : {make_types(Sched::Cyclic, 2048, 16, 0), make_types(Sched::Cyclic, 512, 16, 0),
+                                          make_types(Sched::Interval, 2048, 16, 0)}) {
+      const ops::AlgRowPlan plan = ops::plan_row_pass(algebra::Law::parse(narrow.law), widths_of(narrow, 16), types,
+                                                      ops::AlgPass::Forward, cfg.rows, cfg.cols, false, cfg.chunk);
+      EXPECT_GT(ops::uniform_store_box(plan, static_cast<int64_t>(types.size())).rows, 0);
+      check_case(narrow, types, 241 + c, k);
+    }
   }
   EXPECT_GE(packed, 1);
 }
