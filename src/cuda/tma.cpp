@@ -57,36 +57,35 @@ CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, co
 cuuint64_t u64(int64_t v) { return static_cast<cuuint64_t>(v); }
 cuuint32_t u32(int v) { return static_cast<cuuint32_t>(v); }
 
+// The rows of a row-major [rows, cols] matrix as tma_map_bf16 lays them out: rank 2 {cols, rows},
+// or (row_stride > 1, or rank3) rank 3 {cols, s, rows / s}; swizzled as swizzle_of(box_cols) or
+// not at all.
+CUtensorMap rows_map(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+                     int64_t row_stride, bool rank3, bool swizzled) {
+  QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
+           "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
+  QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
+           row_stride);
+  rank3 = rank3 || row_stride > 1;
+  const cuuint64_t dims[3] = {u64(cols), rank3 ? u64(row_stride) : u64(rows), u64(rows / row_stride)};
+  const cuuint64_t strides[2] = {u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
+  const cuuint32_t box[3] = {u32(box_cols), rank3 ? 1u : u32(box_rows), u32(box_rows)};
+  return encode(base, rank3 ? 3 : 2, dims, strides, box, box_rows,
+                fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld), swizzled);
+}
+
 }  // namespace
 
 CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                          int64_t row_stride) {
-  QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
-           "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
-  QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
-           row_stride);
-  // Rank 2 {cols, rows}, or rank 3 {cols, s, rows / s}.
-  const bool strided = row_stride > 1;
-  const cuuint64_t dims[3] = {u64(cols), strided ? u64(row_stride) : u64(rows), u64(rows / row_stride)};
-  const cuuint64_t strides[2] = {u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
-  const cuuint32_t box[3] = {u32(box_cols), strided ? 1u : u32(box_rows), u32(box_rows)};
-  return encode(base, strided ? 3 : 2, dims, strides, box, box_rows,
-                fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld));
+  return rows_map(base, rows, cols, ld, box_rows, box_cols, row_stride, false, true);
 }
 
 CUtensorMap tma_map_staging_bf16(void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                                  int64_t row_stride) {
-  QV_CHECK(rows > 0 && cols > 0 && ld >= cols && ld % 8 == 0,
-           "tma: a [{}, {}] matrix with leading dimension {} (needs ld >= cols, a multiple of 8)", rows, cols, ld);
   QV_CHECK(box_cols >= 8 && box_cols <= 256 && box_cols % 8 == 0, "tma: staging boxes of {} columns (needs a "
            "multiple of 8 up to 256)", box_cols);
-  QV_CHECK(row_stride >= 1 && rows % row_stride == 0, "tma: {} rows are not a multiple of the row stride {}", rows,
-           row_stride);
-  const cuuint64_t dims[3] = {u64(cols), u64(row_stride), u64(rows / row_stride)};
-  const cuuint64_t strides[2] = {u64(ld) * 2, u64(ld) * 2 * u64(row_stride)};
-  const cuuint32_t box[3] = {u32(box_cols), 1u, u32(box_rows)};
-  return encode(base, 3, dims, strides, box, box_rows, fmt::format("the [{}, {}] matrix (ld {})", rows, cols, ld),
-                false);
+  return rows_map(base, rows, cols, ld, box_rows, box_cols, row_stride, true, false);
 }
 
 CUtensorMap tma_map_groups_bf16(void* base, int64_t rows, int64_t groups, int64_t group_cols, int64_t ld,
