@@ -422,6 +422,123 @@ TEST(AlgProjTiles, UniformStoreBox) {
   EXPECT_EQ(box(algebra::Schedule::cyclic().types(0, 2048, 16), 16, 128, 128, 128, 0, ops::AlgPass::DX).rows, 0);
 }
 
+// y of a pair plan as the pair kernel computes it (algproj_pair.cu): per tile and group, each x box
+// from the 8-column boundary at or below its block, positions outside [lead, lead + in) and the
+// typed box of a group that does not reduce over it counted as zero, W's rows at the same
+// positions and the group's box columns; counts how often each element is written.
+Tensor run_pair_plan(const ops::AlgPairPlan& p, const Tensor& x, const Tensor& w, int tile_rows, int groups,
+                     std::vector<int>& writes) {
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
+  Tensor out = quiver::testing::poisoned({M, N}, DType::F64);
+  writes.assign(static_cast<size_t>(M * N), 0);
+  const double* X = x.data<double>();
+  const double* W = w.data<double>();
+  double* Y = out.data<double>();
+  for (const ops::AlgPairTile& t : p.tiles)
+    for (int g = 0; g < groups; ++g) {
+      EXPECT_EQ(t.w_col[g] % ops::kAlgTmaAlign, 0);
+      for (int i = 0; i < tile_rows; ++i) {
+        const int64_t m = t.row0 + static_cast<int64_t>(p.stride) * i;
+        for (int bc = t.shift[g]; bc < t.shift[g] + p.group_cols; ++bc) {
+          const int64_t col = t.w_col[g] + bc;
+          double sum = 0;
+          for (int typed = 0; typed < 2; ++typed) {
+            const int k0 = typed ? t.k_typed : t.k_own[g], lead = k0 % 8;
+            for (int o = 0; o < p.slot; ++o) {
+              const int64_t k = k0 - lead + o;
+              const bool counted = o >= lead && o < lead + p.in && (!typed || ((t.typed >> g) & 1));
+              if (counted && k < K) sum += X[m * K + k] * W[k * N + col];
+            }
+          }
+          Y[m * N + col] = sum;
+          ++writes[static_cast<size_t>(m * N + col)];
+        }
+      }
+    }
+  return out;
+}
+
+TEST(AlgProjTiles, PairPlansReproduceTheFormula) {
+  struct PairCase {
+    std::string law;
+    int64_t in, out, M;
+    bool interval;
+    int tile_rows, groups, box;
+    int slot, tile_cols, stride;
+  };
+  // Qwen3-32B's q = 256 in miniature (blocks of 20 at leads 0 and 4, groups of 100 in pairs),
+  // q = 128's (blocks of 40, groups of 200), a group cut in two (400 → 200 + 200), a graph law
+  // (groups without the typed block), interval rows (stride 1), and blocks of 18 (leads 0..6).
+  const PairCase cases[] = {
+      {"Q16", 20, 100, 512, false, 32, 2, 128, 24, 200, 16},
+      {"Q8", 40, 200, 512, false, 64, 1, 256, 40, 200, 8},
+      {"Q4", 40, 400, 256, false, 64, 1, 256, 40, 200, 4},
+      {"graph:4:0>1,1>2,2>3,3>0", 20, 100, 256, false, 64, 2, 128, 24, 200, 4},
+      {"Q16", 20, 100, 512, true, 32, 2, 128, 24, 200, 1},
+      {"Q8", 18, 24, 512, false, 64, 2, 128, 24, 48, 8},
+  };
+  for (const PairCase& c : cases) {
+    const algebra::Law law = algebra::Law::parse(c.law);
+    const int q = law.q();
+    SCOPED_TRACE(c.law + " in " + std::to_string(c.in) + " out " + std::to_string(c.out));
+    const algebra::GroupWidths widths = algebra::GroupWidths::equal(q, q * c.in, q * c.out);
+    const std::vector<int> types = c.interval ? algebra::Schedule::interval(c.M).types(0, c.M, q)
+                                              : algebra::Schedule::cyclic().types(0, c.M, q);
+    const ops::AlgPairPlan p = ops::plan_pair_pass(law, widths, types, c.tile_rows, c.groups, c.box);
+    ASSERT_FALSE(p.tiles.empty()) << p.why_not;
+    EXPECT_EQ(p.slot, c.slot);
+    EXPECT_EQ(p.tile_cols, c.tile_cols);
+    EXPECT_EQ(p.stride, c.stride);
+    Rng rng(41);
+    const Tensor x = quiver::testing::random_tensor({c.M, widths.K()}, DType::F64, rng);
+    const Tensor w = quiver::testing::random_tensor({widths.K(), widths.N()}, DType::F64, rng);
+    Tensor ref = Tensor::empty({c.M, widths.N()}, DType::F64);
+    ops::algproj_reference_forward(x, w, law, widths, types, ref);
+    std::vector<int> writes;
+    const Tensor y = run_pair_plan(p, x, w, c.tile_rows, c.groups, writes);
+    EXPECT_TRUE(each_once(writes));
+    EXPECT_LT(max_abs_diff(y, ref), 1e-9);
+    // The plan's products: each type's rows times its support, as the law counts them.
+    int64_t macs = 0;
+    for (int t : types)
+      for (int d = 0; d < q; ++d) macs += static_cast<int64_t>(law.support(t, d).size()) * c.in * c.out;
+    EXPECT_EQ(p.macs, macs);
+  }
+}
+
+TEST(AlgProjTiles, PairPlansSayWhyNot) {
+  const std::vector<int> cyclic = algebra::Schedule::cyclic().types(0, 2048, 16);
+  auto why = [](const algebra::Law& law, const algebra::GroupWidths& widths, const std::vector<int>& types,
+                int tile_rows, int groups, int box) {
+    const ops::AlgPairPlan p = ops::plan_pair_pass(law, widths, types, tile_rows, groups, box);
+    EXPECT_TRUE(p.tiles.empty());
+    return p.why_not;
+  };
+  const algebra::GroupWidths narrow = algebra::GroupWidths::equal(16, 320, 1600);
+  EXPECT_NE(why(algebra::Law::parse("Q4xQ4"), narrow, cyclic, 128, 2, 128).find("other than"), std::string::npos);
+  EXPECT_NE(why(algebra::Law::dense(16), narrow, cyclic, 128, 2, 128).find("other than"), std::string::npos);
+  const algebra::GroupWidths unequal{std::vector<int64_t>(15, 20), std::vector<int64_t>(15, 100)};
+  std::vector<int64_t> in = unequal.in, out = unequal.out;
+  in.push_back(22);
+  out.push_back(98);
+  EXPECT_NE(why(algebra::Law::complete(16), algebra::GroupWidths{in, out}, cyclic, 128, 2, 128).find("unequal"),
+            std::string::npos);
+  EXPECT_NE(why(algebra::Law::complete(16), narrow, algebra::Schedule::cyclic().types(0, 2000, 16), 128, 2, 128)
+                .find("whole tiles"),
+            std::string::npos);
+  std::vector<int> shuffled = cyclic;
+  std::swap(shuffled[0], shuffled[16]);
+  std::swap(shuffled[1], shuffled[16]);
+  EXPECT_NE(why(algebra::Law::complete(16), narrow, shuffled, 128, 2, 128).find("progression"), std::string::npos);
+  // W boxes of 64 columns: a group of 100 does not fit.
+  EXPECT_NE(why(algebra::Law::complete(16), narrow, cyclic, 128, 2, 64).find("W box"),
+            std::string::npos);
+  EXPECT_NE(why(algebra::Law::complete(15), algebra::GroupWidths::equal(15, 300, 1500),
+                algebra::Schedule::cyclic().types(0, 1920, 15), 128, 2, 128)
+                .find("odd number"),
+            std::string::npos);
+}
+
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,
 // together exactly each tile's rows; cyclic types cut along one type's stride, interval types
 // along their runs, a multi-type list of cyclic types per type; random types refused.

@@ -306,6 +306,10 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
                        c.one_staging ? " one-staging" : "",
                        k.split ? " split" : "");
   }
+  if (k.kind == AlgKernel::Kind::Pair) {
+    const detail::AlgPairConfig& c = detail::kAlgPairConfigs[k.config];
+    return fmt::format("pair {}x{}g{} x{}", c.rows, c.groups, c.group_box, c.stages);
+  }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}{}{}", c.rows, c.cols, c.chunk, c.stages, c.packed ? " packed" : "",
                      c.staged ? " staged" : "", k.split ? " split" : "");
@@ -324,6 +328,7 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
       out.push_back({AlgKernel::Kind::Gemv, c});
       out.push_back({AlgKernel::Kind::Gemv, c, true});
     }
+    for (int c = 0; c < detail::kAlgPairConfigCount; ++c) out.push_back({AlgKernel::Kind::Pair, c});
   }
   if (pass != ops::AlgPass::DW)
     for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) out.push_back({AlgKernel::Kind::Tma, c});
@@ -362,6 +367,10 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
         (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigs : detail::kAlgTmaConfigs)[kernel.config];
     tile_rows = c.tile_rows();
     tile_cols = c.tile_cols();
+  } else if (kernel.kind == AlgKernel::Kind::Pair) {
+    QV_CHECK(pass == ops::AlgPass::Forward, "algproj: the pair kernel runs the forward only");
+    tile_rows = detail::kAlgPairConfigs[kernel.config].rows;
+    tile_cols = detail::kAlgPairConfigs[kernel.config].group_box;
   } else {
     tile_rows = kernel_config(pass, kernel.config).rows;
     tile_cols = kernel_config(pass, kernel.config).cols;
@@ -382,7 +391,17 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   int dev = 0, sms = 0;
   QV_CUDA_CHECK(cudaGetDevice(&dev));
   QV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (pass == ops::AlgPass::DW) {
+  if (kernel.kind == AlgKernel::Kind::Pair) {
+    const detail::AlgPairConfig& c = detail::kAlgPairConfigs[kernel.config];
+    const ops::AlgPairPlan p = ops::plan_pair_pass(law_, widths_, types, c.rows, c.groups, c.group_box);
+    const bool built = std::find(std::begin(detail::kAlgPairSlots), std::end(detail::kAlgPairSlots), p.slot) !=
+                       std::end(detail::kAlgPairSlots);
+    if (!p.tiles.empty() && built && detail::alg_pair_smem(c, p.slot, p.tile_cols) <= detail::kAlgPairMaxSmem)
+      d.pair = {p.stride, p.in, p.slot, p.tile_cols, p.group_cols};
+    tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgPairTile));
+    rows_at = tiles_at;
+    d.num_tiles = static_cast<int>(p.tiles.size());
+  } else if (pass == ops::AlgPass::DW) {
     // The split candidate: long lists, and every list where there are fewer than four tiles
     // per multiprocessor (about two waves of two resident blocks).
     const ops::AlgWeightPlan p =
@@ -521,6 +540,35 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     }
     return;
   }
+  if (kernel.kind == AlgKernel::Kind::Pair) {
+    QV_CHECK(d.pair.stride > 0 && w2 == nullptr,
+             "algproj: {} needs a pair plan (ops::plan_pair_pass: a graph law, equal group widths, each type's rows "
+             "in whole tiles of one progression) whose x boxes it is built for",
+             kernel_name(pass, kernel));
+    const int64_t M = static_cast<int64_t>(types.size());
+    // y's rows leave as TMA boxes: an output these cannot address takes the general fused kernel.
+    if (reinterpret_cast<uintptr_t>(out.raw()) % 16 != 0) {
+      run_fused(pass, {AlgKernel::Kind::Fused, 0}, a, w, x, types, out, accumulate, stream);
+      return;
+    }
+    const detail::AlgPairConfig& c = detail::kAlgPairConfigs[kernel.config];
+    detail::AlgPairArgs t{};
+    t.x = tma_map_staging_bf16(const_cast<void*>(a.raw()), M, K(), K(), c.rows, d.pair.slot, d.pair.stride);
+    t.w = tma_map_bf16(w.raw(), K(), N(), N(), d.pair.slot, 64);
+    t.y = tma_map_staging_bf16(out.raw(), M, N(), N(), 32, d.pair.tile_cols, d.pair.stride);
+    t.tiles = static_cast<const ops::AlgPairTile*>(d.tiles);
+    t.num_tiles = d.num_tiles;
+    t.stride = d.pair.stride;
+    t.in = d.pair.in;
+    t.slot = d.pair.slot;
+    t.tile_cols = d.pair.tile_cols;
+    t.group_cols = d.pair.group_cols;
+    t.c = static_cast<uint16_t*>(out.raw());
+    t.ldc = N();
+    t.accumulate = accumulate;
+    detail::launch_algproj_pair(t, kernel.config, stream);
+    return;
+  }
   if (kernel.kind == AlgKernel::Kind::Tma) {
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
              "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
@@ -620,6 +668,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
              "algproj: the pinned fused kernel needs {}-byte aligned tensors", 2 * fused_vec_);
     QV_CHECK(pin->kind != AlgKernel::Kind::Gemv || (pass == ops::AlgPass::Forward && fused_vec_ == 8),
              "algproj: the few-row kernel runs the forward only, with group offsets that are multiples of 8");
+    QV_CHECK(pin->kind != AlgKernel::Kind::Pair || (pass == ops::AlgPass::Forward && tma_ok),
+             "algproj: the pair kernel runs the forward only, with 16-byte aligned x and W and K, N multiples of 8");
     QV_CHECK(pin->kind != AlgKernel::Kind::Tma || tma_ok,
              "algproj: the TMA kernels need 16-byte aligned inputs and weights (x and dY for dW) and K, N "
              "multiples of 8");
@@ -629,7 +679,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj16|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj17|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -648,6 +698,13 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                  config < detail::kAlgGemvConfigCount) {
         best = {AlgKernel::Kind::Gemv, config, v->value("split", false)};
         known = true;
+      } else if (kind == "pair" && pass == ops::AlgPass::Forward && tma_ok && config >= 0 &&
+                 config < detail::kAlgPairConfigCount) {
+        const AlgKernel k{AlgKernel::Kind::Pair, config};
+        if (plan(pass, k, types, stream).pair.stride > 0) {
+          best = k;
+          known = true;
+        }
       } else if (kind == "tma" && tma_candidates() && tma_ok && config >= 0 &&
                  config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount)) {
         const AlgKernel k{AlgKernel::Kind::Tma, config, pass == ops::AlgPass::DW && v->value("split", false)};
@@ -703,6 +760,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
         const DevicePlan& d = plan(pass, k, types, stream);
         if (d.tma_stride == 0 || d.tma_extra_idle) continue;
       }
+      // The pair kernel: tensors its maps can describe and a pair plan it is built for.
+      if (k.kind == AlgKernel::Kind::Pair && (!tma_ok || plan(pass, k, types, stream).pair.stride == 0)) continue;
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {
         const DevicePlan& d = plan(pass, k, types, stream);
@@ -769,6 +828,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     const char* kind = best.kind == AlgKernel::Kind::Products ? "products"
                        : best.kind == AlgKernel::Kind::Fused  ? "fused"
                        : best.kind == AlgKernel::Kind::Gemv   ? "gemv"
+                       : best.kind == AlgKernel::Kind::Pair   ? "pair"
                                                               : "tma";
     nlohmann::json entry = {{"kernel", kind},          {"config", best.config},
                             {"split", best.split},       {"name", kernel_name(pass, best)},

@@ -67,9 +67,10 @@ namespace quiver::cuda {
 // One pass's kernel: the products schedule, the fused tensor-core kernel with configuration
 // `config` (an index into the pass's table, algproj_fused_launch.h), or (forward only) the
 // few-row kernel with configuration `config` of kAlgGemvConfigs, or the Hopper (TMA and
-// wgmma) kernel with configuration `config` of kAlgTmaConfigs.
+// wgmma) kernel with configuration `config` of kAlgTmaConfigs, or (forward only) the pair kernel
+// with configuration `config` of kAlgPairConfigs.
 struct AlgKernel {
-  enum class Kind { Products, Fused, Gemv, Tma };
+  enum class Kind { Products, Fused, Gemv, Tma, Pair };
   Kind kind = Kind::Fused;
   int config = 0;
   // Extra splitting that pays at some shapes and costs at others, so calibration times both: for
@@ -182,6 +183,10 @@ class AlgProj {
     // A staged row configuration's tiles as one TMA store box each (AlgRowArgs::y_rows); rows 0:
     // they are copied out by the block's threads.
     ops::AlgStoreBox store_box;
+    // The pair kernel's plan (ops::AlgPairPlan without its tiles); stride 0: it cannot run it.
+    struct PairShape {
+      int stride = 0, in = 0, slot = 0, tile_cols = 0, group_cols = 0;
+    } pair;
     const void* chunks = nullptr;  // the TMA weight pass's ops::AlgWeightChunk and tile_begin
     const int32_t* tile_begin = nullptr;
     bool captured = false;  // used in a CUDA-graph capture: kept while the instance lives

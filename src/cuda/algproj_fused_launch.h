@@ -243,6 +243,42 @@ struct AlgWeightReduceArgs {
   bool accumulate;
 };
 
+// The pair kernel (algproj_pair.cu, forward only): tiles of a pair plan (ops::plan_pair_pass),
+// `rows` rows × `groups` output groups (or one part of a group) of `group_box` W columns each;
+// one producer warp loads each tile's boxes by TMA into a ring of `stages`, and
+// rows / 32 · groups · group_box / 64 consumer warps (32 × 64 outputs each) compute them with
+// mma.sync and store each warp row's 32 rows of the tile by TMA from a double staging.
+struct AlgPairConfig {
+  int rows, groups, group_box, stages;
+};
+constexpr AlgPairConfig kAlgPairConfigs[] = {{128, 2, 128, 2}, {64, 2, 128, 3}, {64, 1, 256, 3}, {128, 1, 256, 2}};
+constexpr int kAlgPairConfigCount = sizeof(kAlgPairConfigs) / sizeof(kAlgPairConfigs[0]);
+// The x box widths (ops::AlgPairPlan::slot) the kernel is built for.
+constexpr int kAlgPairSlots[] = {24, 40};
+// Dynamic shared memory of a configuration at a plan's slot and tile columns: the ring (per
+// stage groups + 1 x boxes and 2 · groups W boxes of 128-byte-swizzled 64-column panels), the
+// two stagings and 1024 bytes of alignment. Above kAlgPairMaxSmem the configuration cannot run
+// the plan.
+constexpr size_t alg_pair_smem(const AlgPairConfig& c, int slot, int tile_cols) {
+  return size_t(c.stages) * (size_t(c.groups + 1) * c.rows * slot * 2 + size_t(2 * c.groups) * (c.group_box / 64) * slot * 128) +
+         2 * size_t(c.rows) * tile_cols * 2 + 1024;
+}
+inline constexpr size_t kAlgPairMaxSmem = 227 * 1024 - 1024;  // less the static barriers and headers
+
+struct AlgPairArgs {
+  CUtensorMap x;  // x [M, K] as rows c1 + stride · c2, unswizzled boxes {slot, 1, rows}
+  CUtensorMap w;  // W [K, N], 128-byte-swizzled boxes {64, slot}
+  CUtensorMap y;  // y [M, N] as rows c1 + stride · c2, unswizzled boxes {tile_cols, 1, 32}
+  const ops::AlgPairTile* tiles;
+  int num_tiles;
+  int stride, in, slot, tile_cols, group_cols;
+  uint16_t* c;  // y itself, for accumulate
+  int64_t ldc;
+  bool accumulate;
+};
+// args.slot one of kAlgPairSlots and alg_pair_smem within kAlgPairMaxSmem (AlgProj checks).
+void launch_algproj_pair(const AlgPairArgs& args, int config, cudaStream_t stream);
+
 // The row pass; a plan with splits needs launch_algproj_reduce after it.
 void launch_algproj_rows(const AlgRowArgs& args, int config, int vec, cudaStream_t stream);
 void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);

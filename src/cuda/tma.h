@@ -23,8 +23,9 @@ CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t l
 // multiple of s ≥ 1) as a rank-3 map {cols, s, rows / s} for stores of unswizzled boxes {box_cols,
 // 1, box_rows}: a staging of box_rows rows of box_cols elements (a multiple of 8, at most 256),
 // row after row, written to the rows c1 + s (c2 + i) from column c0 (a multiple of 8), clipped at
-// the matrix's last column and row.
-CUtensorMap tma_map_staging_bf16(void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
+// the matrix's last column and row. Loads of the same boxes lay them out so (zeros past the
+// matrix).
+CUtensorMap tma_map_staging_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
                                  int64_t row_stride);
 
 // A row-major bf16 matrix [rows, groups · group_cols] (ld elements between rows, a multiple of

@@ -484,4 +484,87 @@ AlgWeightChunks plan_weight_chunks(const AlgWeightPlan& plan, const std::vector<
   return out;
 }
 
+AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& widths, const std::vector<int>& row_types,
+                           int tile_rows, int groups, int group_box) {
+  check_plan_args(law, widths, row_types, tile_rows, group_box);
+  QV_CHECK(groups == 1 || groups == 2, "algproj pair plan: {} groups a tile (1 or 2)", groups);
+  AlgPairPlan out;
+  auto fail = [&](std::string why) {
+    out.tiles.clear();
+    out.why_not = std::move(why);
+    return out;
+  };
+  const int q = law.q();
+  const int64_t M = static_cast<int64_t>(row_types.size());
+  for (int a = 0; a < q; ++a)
+    for (int d = 0; d < q; ++d) {
+      const std::vector<int>& b = law.support(a, d);
+      const bool own = std::find(b.begin(), b.end(), d) != b.end();
+      const bool rest_typed = b.size() == 1 || (b.size() == 2 && std::find(b.begin(), b.end(), a) != b.end());
+      if (!own || !rest_typed) return fail("a group reduces over blocks other than its own and the row type's");
+    }
+  const int64_t in = widths.in[0], n_out = widths.out[0];
+  for (int g = 0; g < q; ++g)
+    if (widths.in[g] != in || widths.out[g] != n_out) return fail("unequal group widths");
+  if (in % 2 != 0 || n_out % 2 != 0) return fail("odd group widths");
+  // Rows: each type's rows in runs of tile_rows, each run one progression of the plan's stride.
+  std::vector<std::vector<int32_t>> rows_of(q);
+  for (int64_t m = 0; m < M; ++m) rows_of[row_types[m]].push_back(static_cast<int32_t>(m));
+  int64_t stride = 0;
+  for (const auto& r : rows_of) {
+    if (r.size() % tile_rows != 0) return fail("a type's rows are not whole tiles");
+    for (size_t i = 0; i < r.size(); i += tile_rows)
+      for (int j = 1; j < tile_rows; ++j) {
+        const int64_t step = r[i + j] - r[i + j - 1];
+        if (stride == 0) stride = step;
+        if (step != stride) return fail("a tile's rows are not one progression of the plan's stride");
+      }
+  }
+  if (stride == 0) stride = 1;
+  if (M % stride != 0) return fail("M is not a multiple of the rows' stride");
+  // Columns: whole groups in pairs, or equal parts of one group, each tile from a 16-byte boundary.
+  int64_t parts = 1, cols = n_out;
+  if (groups == 2) {
+    if (q % 2 != 0) return fail("an odd number of groups");
+    if ((2 * n_out) % kAlgTmaAlign != 0 || 2 * n_out > 256) return fail("a pair of groups is no store box");
+    if (n_out + (n_out % kAlgTmaAlign) > group_box) return fail("a group is wider than its W box");
+  } else {
+    while (cols > group_box || cols % kAlgTmaAlign != 0) {
+      if (++parts > n_out) return fail("a group cannot be cut into store boxes");
+      if (n_out % parts == 0) cols = n_out / parts;
+    }
+  }
+  // x boxes: the least odd multiple of 8 columns holding every block from its 8-column boundary
+  // (rows of 16 · odd bytes: the 8 rows of one ldmatrix fall in distinct banks).
+  int64_t need = 0;
+  for (int g = 0; g < q; ++g) need = std::max(need, static_cast<int64_t>(widths.in_offsets()[g] % 8) + in);
+  int64_t slot = 8;
+  while (slot < need) slot += 16;
+  out.stride = static_cast<int>(stride);
+  out.in = static_cast<int>(in);
+  out.slot = static_cast<int>(slot);
+  out.group_cols = static_cast<int>(cols);
+  out.tile_cols = static_cast<int>(groups * cols);
+  const std::vector<int64_t> k_off = widths.in_offsets(), n_off = widths.out_offsets();
+  for (int a = 0; a < q; ++a)
+    for (size_t i = 0; i < rows_of[a].size(); i += tile_rows)
+      for (int d = 0; d < q; d += groups)
+        for (int64_t part = 0; part < parts; ++part) {
+          AlgPairTile t{};
+          t.row0 = rows_of[a][i];
+          t.col0 = narrow(n_off[d] + part * cols, "column");
+          t.k_typed = narrow(k_off[a], "column");
+          for (int g = 0; g < groups; ++g) {
+            const int64_t first = n_off[d + g] + part * cols;
+            t.k_own[g] = narrow(k_off[d + g], "column");
+            t.w_col[g] = narrow(first / kAlgTmaAlign * kAlgTmaAlign, "column");
+            t.shift[g] = static_cast<int32_t>(first - t.w_col[g]);
+            if (law.support(a, d + g).size() == 2) t.typed |= 1 << g;
+            out.macs += static_cast<int64_t>(tile_rows) * cols * static_cast<int64_t>(law.support(a, d + g).size()) * in;
+          }
+          out.tiles.push_back(t);
+        }
+  return out;
+}
+
 }  // namespace quiver::ops

@@ -40,6 +40,7 @@
 // pieces. Q_q's typed block x_α W_α· then serves every group of the tile at once.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace quiver::algebra {
@@ -163,6 +164,39 @@ struct AlgWeightChunks {
 // is not a multiple of the stride, or the chunks would hold fewer than half their rows on
 // average (irregular row types).
 AlgWeightChunks plan_weight_chunks(const AlgWeightPlan& plan, const std::vector<int>& row_types, int stride);
+
+// Pair plans (forward only; the pair kernel, src/cuda/algproj_pair.cu). Where every output
+// group of every type reduces over at most two input blocks, its own and the row type's (graph
+// laws: B(α, δ) = {δ} or {α, δ}), all groups are equally wide and each type's rows run in
+// progressions of one stride, a tile is tile_rows rows of one type × `groups` whole output groups
+// (groups 1: a group, or an equal part of one), and its operands are fixed boxes: x's rows at each
+// block it reduces over (each box `slot` columns from the 8-column boundary at or below the
+// block's first column: the block lies `lead` = k0 mod 8 columns in) and, per group, W's rows of
+// those blocks at the group's columns. The kernel counts only a box's columns [lead, lead + in)
+// (the rest are the neighbouring blocks'), and the typed block only where the group reduces over it.
+struct AlgPairTile {
+  int32_t row0;          // the tile's rows: row0 + stride · i, i < tile_rows
+  int32_t col0;          // first output column (a multiple of kAlgTmaAlign)
+  int32_t k_typed;       // first column of the row type's input block
+  int32_t typed;         // bit g: group g reduces over the typed block as well as its own
+  int32_t k_own[2];      // first column of group g's own input block
+  int32_t w_col[2];      // group g's W boxes: first column (a multiple of kAlgTmaAlign)
+  int32_t shift[2];      // group g's first output column in the tile − w_col[g]
+};
+struct AlgPairPlan {
+  std::vector<AlgPairTile> tiles;  // type by type
+  int stride = 0;      // the tiles' row stride (M a multiple of it)
+  int in = 0;          // columns of an input block
+  int slot = 0;        // columns of an x box: the least odd multiple of 8 holding lead + in for every block
+  int tile_cols = 0;   // output columns of a tile (groups · group_cols)
+  int group_cols = 0;  // output columns of each group in a tile
+  int64_t macs = 0;
+  std::string why_not;  // no tiles: the condition that fails
+};
+// groups: 1 or 2 output groups a tile (2: pairs 2j, 2j + 1); group_box: the columns of a group's
+// W box (a group and its shift must fit).
+AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& widths, const std::vector<int>& row_types,
+                           int tile_rows, int groups, int group_box);
 
 // split: whether long row lists may be split (see the file comment); min_pieces: where the
 // plan has fewer tiles, lists are also cut into pieces of about (rows of all lists) / min_pieces

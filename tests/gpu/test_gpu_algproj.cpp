@@ -407,6 +407,54 @@ TEST(GpuAlgProj, PackedTilesEveryConfig) {
   EXPECT_GE(packed, 1);
 }
 
+TEST(GpuAlgProj, PairKernelEveryConfig) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The pair kernel (algproj_pair.cu) on pair plans (ops::plan_pair_pass): Q_256 at Qwen3-32B in
+  // miniature (blocks of 20 at leads 0 and 4 into groups of 100, in pairs), Q_128's (blocks of 40
+  // into groups of 200), a group cut in two, a graph law whose groups mostly lack the typed block,
+  // blocks of 18 (leads 0 to 6), cyclic and interval rows; each configuration where its plan exists,
+  // forward assigned and accumulated (check_case), the backward on the fused kernels.
+  struct PairCase {
+    Case c;
+    std::vector<int> (*types)(int rows_per_type, int q);
+  };
+  auto cyclic = +[](int rows, int q) { return make_types(Sched::Cyclic, int64_t{rows} * q, q, 0); };
+  auto interval = +[](int rows, int q) { return make_types(Sched::Interval, int64_t{rows} * q, q, 0); };
+  const PairCase cases[] = {
+      {{"Q16", {}, {}, 320, 1600}, cyclic},    {{"Q16", {}, {}, 320, 1600}, interval},
+      {{"Q8", {}, {}, 320, 1600}, cyclic},     {{"Q4", {}, {}, 160, 1600}, cyclic},
+      {{"graph:4:0>1,2>3", {}, {}, 80, 400}, cyclic}, {{"Q8", {}, {}, 144, 192}, cyclic},
+  };
+  for (int c = 0; c < cuda::detail::kAlgPairConfigCount; ++c) {
+    SCOPED_TRACE("pair config " + std::to_string(c));
+    const cuda::detail::AlgPairConfig& cfg = cuda::detail::kAlgPairConfigs[c];
+    int ran = 0;
+    for (const PairCase& pc : cases) {
+      const algebra::Law law = algebra::Law::parse(pc.c.law);
+      // Two tiles a type for the first case (a block's tiles of one type in turn), one for the rest.
+      for (int per_type : {cfg.rows, &pc == cases ? 2 * cfg.rows : 0}) {
+        if (per_type == 0) continue;
+        const std::vector<int> types = pc.types(per_type, law.q());
+        const ops::AlgPairPlan plan =
+            ops::plan_pair_pass(law, widths_of(pc.c, law.q()), types, cfg.rows, cfg.groups, cfg.group_box);
+        const bool built = plan.slot == 24 || plan.slot == 40;
+        if (plan.tiles.empty() || !built) continue;
+        ++ran;
+        check_case(pc.c, types, 261 + c, {AlgKernel{AlgKernel::Kind::Pair, c}, fused(0), fused(0)});
+      }
+    }
+    EXPECT_GE(ran, 2);
+  }
+  // A kernel pinned where its plan cannot exist names the problem.
+  cuda::AlgProj gpu(algebra::Law::parse("Q2xQ2"), algebra::GroupWidths::equal(4, 64, 256));
+  gpu.set_kernels({AlgKernel{AlgKernel::Kind::Pair, 0}, {}, {}});
+  const std::vector<int> types = make_types(Sched::Cyclic, 512, 4, 0);
+  Tensor x = Tensor::empty({512, 64}, DType::BF16, Device::CUDA), w = Tensor::empty({64, 256}, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty({512, 256}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(gpu.forward(x, w, types, y), Error);
+}
+
 TEST(GpuAlgProj, SplitReductionsEveryRowTile) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();

@@ -1,0 +1,251 @@
+// The pair kernel (algproj_fused_launch.h: AlgPairArgs), the forward over a pair plan
+// (ops::plan_pair_pass): every output group of a tile reduces over two input blocks at most,
+// its own and the row type's, each `in` columns, so a tile's whole reduction is known from its
+// record and fits one stage. Narrow groups (Q_256 at Qwen3-32B: blocks of 20 into groups of 100)
+// make such tiles short: the kernel is built so that a tile costs little more than its products
+// and its output's store.
+//
+// One producer warp (its lane 0) walks the block's tiles (blockIdx.x, + gridDim.x, ...): per tile
+// it waits for a free stage of the ring, copies the tile's record into the stage's header, arms the
+// stage's full barrier with its bytes and issues its TMA loads: groups + 1 boxes of x (the tile's
+// rows, slot columns from the 8-column boundary at or below each block's first column: its own
+// blocks and the typed block) and, per group, W's rows of its own block and of the typed block at
+// the group's columns, in 128-byte-swizzled panels of 64 columns (conflict-free ldmatrix.trans).
+//
+// Consumer warps own 32 rows × one 64-column panel of one group (warp rows of groups · panels
+// warps). A warp's reduction runs over 2 · slot positions, its own block's box then the typed
+// block's, in k16 steps of mma.sync m16n8k16 whose 8-column halves each lie in one box; the A
+// fragments at positions outside a box's block (the neighbouring blocks' columns that the box
+// starts early or ends late with), and the whole typed box where the group does not reduce over
+// it, are zeroed in registers, so only the law's products count. Then the warp releases the
+// stage, and each warp row lays its 32 rows of the tile out in bf16 in one of two stagings and
+// stores them as one TMA box, while the next tile's products run.
+//
+// W's columns next to a group's (a box starts up to 7 columns before it, and a panel may run past
+// it) give products in accumulators that are never stored; x's columns next to a block meet zeros.
+// The masked positions multiply W's rows of the neighbouring blocks by zero, so a non-finite weight
+// there would turn the product into NaN: weights are finite.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "cuda/algproj_fused_launch.h"
+#include "cuda/block_launch.cuh"
+#include "cuda/check.h"
+#include "cuda/mma_ptx.cuh"
+#include "cuda/pdl.cuh"
+#include "cuda/tma.cuh"
+
+namespace quiver::cuda::detail {
+namespace {
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void sts_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Barrier `id` (1..) among `threads` threads (a warp row).
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int C, int S>
+struct PairLayout {
+  static constexpr AlgPairConfig cfg = kAlgPairConfigs[C];
+  static constexpr int BM = cfg.rows, G = cfg.groups, kStages = cfg.stages;
+  static constexpr int kPanels = cfg.group_box / 64;
+  static constexpr int kRowWarps = G * kPanels;  // warps of one warp row
+  static constexpr int kConsumerWarps = BM / 32 * kRowWarps;
+  static constexpr int kThreads = 32 * (kConsumerWarps + 1);
+  static constexpr uint32_t kXBox = BM * S * 2;   // bytes of one x box
+  static constexpr uint32_t kPanel = S * 128;     // bytes of one W panel: S rows of 64 columns
+  static constexpr uint32_t kStageX = (G + 1) * kXBox;
+  static constexpr uint32_t kStageW = 2 * G * kPanels * kPanel;
+  static constexpr int kSteps = 2 * S / 16;  // k16 steps over the own and the typed box
+  static_assert(BM % 32 == 0 && cfg.group_box % 64 == 0 && S % 16 == 8, "warps of 32 × 64; odd multiples of 8");
+  static_assert(kPanel % 1024 == 0 && kXBox % 128 == 0, "swizzled panels on 1024-byte boundaries");
+};
+
+template <int C, int S>
+__global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_kernel(const __grid_constant__ AlgPairArgs p) {
+  using L = PairLayout<C, S>;
+  constexpr int BM = L::BM, G = L::G, kStages = L::kStages, kPanels = L::kPanels, kSteps = L::kSteps;
+  extern __shared__ uint8_t smem[];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  __shared__ ops::AlgPairTile header[kStages];
+  // The ring's W panels (1024-byte aligned for the 128-byte swizzle), its x boxes, the stagings.
+  const uint32_t raw = smem_addr(smem);
+  const uint32_t w_ring = (raw + 1023) & ~1023u;
+  const uint32_t x_ring = w_ring + kStages * L::kStageW;
+  const uint32_t staging = x_ring + kStages * L::kStageX;
+  auto at = [&](uint32_t addr) { return smem + (addr - raw); };
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      tma::init(&full[s], 1);
+      tma::init(&empty[s], L::kConsumerWarps);
+    }
+    tma::fence_init();
+  }
+  __syncthreads();
+  pdl_trigger();  // a programmatic dependent (block_launch.cuh): the plan before, x, W and y after
+  pdl_wait();
+
+  if (warp == L::kConsumerWarps) {  // the producer
+    if (lane != 0) return;
+    ops::AlgPairTile next = blockIdx.x < p.num_tiles ? p.tiles[blockIdx.x] : ops::AlgPairTile{};
+    for (int tile = blockIdx.x, n = 0; tile < p.num_tiles; tile += gridDim.x, ++n) {
+      const ops::AlgPairTile t = next;
+      if (tile + gridDim.x < p.num_tiles) next = p.tiles[tile + gridDim.x];
+      const int stage = n % kStages;
+      if (n >= kStages) tma::wait(&empty[stage], ((n / kStages) & 1) ^ 1);
+      header[stage] = t;
+      tma::arrive_expect(&full[stage], L::kStageX + L::kStageW);
+      const int c1 = t.row0 % p.stride, c2 = t.row0 / p.stride;
+      const uint32_t xs = x_ring + stage * L::kStageX, ws = w_ring + stage * L::kStageW;
+#pragma unroll
+      for (int b = 0; b <= G; ++b)  // own block of group 0, the typed block, own block of group 1
+        tma::load_3d(at(xs + b * L::kXBox), &p.x, &full[stage], (b == 1 ? t.k_typed : t.k_own[b / 2]) & ~7, c1, c2);
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int typed = 0; typed < 2; ++typed)
+#pragma unroll
+          for (int pn = 0; pn < kPanels; ++pn)
+            tma::load_2d(at(ws + ((2 * g + typed) * kPanels + pn) * L::kPanel), &p.w, &full[stage],
+                         t.w_col[g] + 64 * pn, (typed ? t.k_typed : t.k_own[g]) & ~7);
+    }
+    return;
+  }
+
+  // ---- consumers: warp (row wr, group g, panel pn) ----
+  const int wr = warp / L::kRowWarps, g = warp / kPanels % G, pn = warp % kPanels;
+  const int grp = lane >> 2, tig = lane & 3;
+  // This lane's ldmatrix addresses within a stage, per k16 step: A, row wr·32 + (lane & 15) at
+  // position 16 st + 8 (lane >> 4); B, position 16 st + (lane & 7) + 8 ((lane >> 3) & 1) of the
+  // panel, the 16-byte chunk ni + (lane >> 4) swizzled by the row (b_col, per pair of n8 tiles).
+  const uint32_t x_own = (G == 2 && g == 1 ? 2 : 0) * L::kXBox, x_typed = L::kXBox;
+  uint32_t a_off[kSteps], b_off[kSteps], b_col[4];
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    const int pa = 16 * st + 8 * (lane >> 4);
+    a_off[st] = (pa < S ? x_own + 2 * pa : x_typed + 2 * (pa - S)) + (wr * 32 + (lane & 15)) * S * 2;
+    const int pb = 16 * st + (lane & 7) + 8 * ((lane >> 3) & 1);
+    b_off[st] = ((2 * g + (pb < S ? 0 : 1)) * kPanels + pn) * L::kPanel + (pb < S ? pb : pb - S) * 128;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) b_col[j] = ((2 * j + (lane >> 4)) ^ (lane & 7)) << 4;
+  const bool storer = warp % L::kRowWarps == 0 && lane == 0;  // issues its warp row's stores
+
+  for (int tile = blockIdx.x, n = 0; tile < p.num_tiles; tile += gridDim.x, ++n) {
+    const int stage = n % kStages;
+    tma::wait(&full[stage], (n / kStages) & 1);
+    const ops::AlgPairTile& h = header[stage];
+    const int row0 = h.row0, col0 = h.col0, lead_own = h.k_own[g] & 7, lead_typed = h.k_typed & 7;
+    const bool typed = (h.typed >> g) & 1;
+    const int col_at = h.w_col[g] - col0, lo = h.shift[g];  // tile column of box column 0; the group's first
+    // Bit v: this lane's positions 8 v + 2 tig, + 1 lie in a block the group reduces over.
+    uint32_t mask = 0;
+#pragma unroll
+    for (int v = 0; v < 2 * S / 8; ++v) {
+      const bool own = 8 * v < S;
+      const int o = (own ? 8 * v : 8 * v - S) + 2 * tig, lead = own ? lead_own : lead_typed;
+      if (o >= lead && o < lead + p.in && (own || typed)) mask |= 1u << v;
+    }
+    float acc[2][8][4] = {};
+    const uint32_t xs = x_ring + stage * L::kStageX, ws = w_ring + stage * L::kStageW;
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        ldsm_x4(a[mi], xs + a_off[st] + mi * 16 * S * 2);
+        if (!((mask >> (2 * st)) & 1)) a[mi][0] = a[mi][1] = 0;
+        if (!((mask >> (2 * st + 1)) & 1)) a[mi][2] = a[mi][3] = 0;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, ws + b_off[st] + b_col[j]);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_bf16(acc[mi][2 * j], a[mi], b[0], b[1]);
+          mma_bf16(acc[mi][2 * j + 1], a[mi], b[2], b[3]);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) tma::arrive(&empty[stage]);  // header and boxes read
+
+    // The warp row's 32 rows into staging n % 2 (its store from two tiles ago has read it), then
+    // out as one box.
+    const uint32_t sc = staging + ((n & 1) * BM + wr * 32) * p.tile_cols * 2;
+    if (storer) bulk_wait_read_all_but_last();
+    named_sync(1 + wr, 32 * L::kRowWarps);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = mi * 16 + grp + 8 * hh;
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni) {
+          const int bc = pn * 64 + ni * 8 + 2 * tig;  // box column
+          if (bc < lo || bc >= lo + p.group_cols) continue;
+          const int tc = col_at + bc;
+          float v0 = acc[mi][ni][2 * hh], v1 = acc[mi][ni][2 * hh + 1];
+          if (p.accumulate) {
+            const int64_t row = row0 + static_cast<int64_t>(p.stride) * (wr * 32 + r);
+            const float2 old =
+                __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p.c + row * p.ldc + col0 + tc));
+            v0 += old.x;
+            v1 += old.y;
+          }
+          const __nv_bfloat162 o = __floats2bfloat162_rn(v0, v1);
+          sts_b32(sc + (r * p.tile_cols + tc) * 2, *reinterpret_cast<const uint32_t*>(&o));
+        }
+      }
+    fence_proxy_async_shared();
+    named_sync(1 + wr, 32 * L::kRowWarps);
+    if (storer) {
+      tma::store_3d(&p.y, at(sc), col0, row0 % p.stride, row0 / p.stride + wr * 32);
+      tma::bulk_commit();
+    }
+  }
+  if (storer) bulk_wait();  // the stores have left shared memory and landed
+}
+
+template <int C, int S>
+void pair_config(const AlgPairArgs& a, cudaStream_t stream) {
+  using L = PairLayout<C, S>;
+  // The stagings follow the plan's tile columns (the caller checks the total against
+  // kAlgPairMaxSmem); the kernel opts in to the most any plan may take.
+  const size_t smem = alg_pair_smem(kAlgPairConfigs[C], S, a.tile_cols);
+  launch<algproj_pair_kernel<C, S>>(L::kThreads, smem, a.num_tiles, true, a, stream, kAlgPairMaxSmem);
+}
+
+template <int S, int... I>
+void pair_slot(const AlgPairArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  ((config == I ? pair_config<I, S>(a, stream) : void()), ...);
+}
+
+}  // namespace
+
+void launch_algproj_pair(const AlgPairArgs& args, int config, cudaStream_t stream) {
+  const auto configs = std::make_integer_sequence<int, kAlgPairConfigCount>{};
+  if (args.slot == 24)
+    pair_slot<24>(args, config, stream, configs);
+  else
+    pair_slot<40>(args, config, stream, configs);
+}
+
+}  // namespace quiver::cuda::detail
