@@ -190,6 +190,14 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
     // The warp row's 32 rows into staging n % 2 (its store from two tiles ago has read it), then
     // out as one box.
     const uint32_t sc = staging + ((n & 1) * BM + wr * 32) * p.tile_cols * 2;
+    // Bit ni: this lane's columns of n8 tile ni are the group's in this tile.
+    uint32_t cols_ok = 0;
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni) {
+      const int bc = pn * 64 + ni * 8 + 2 * tig;  // box column
+      if (bc >= lo && bc < lo + p.group_cols) cols_ok |= 1u << ni;
+    }
+    const int tc0 = col_at + pn * 64 + 2 * tig;  // tile column of n8 tile 0
     if (storer) bulk_wait_read_all_but_last();
     named_sync(1 + wr, 32 * L::kRowWarps);
 #pragma unroll
@@ -197,21 +205,20 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = mi * 16 + grp + 8 * hh;
+        const uint32_t row_at = sc + (r * p.tile_cols + tc0) * 2;
 #pragma unroll
         for (int ni = 0; ni < 8; ++ni) {
-          const int bc = pn * 64 + ni * 8 + 2 * tig;  // box column
-          if (bc < lo || bc >= lo + p.group_cols) continue;
-          const int tc = col_at + bc;
+          if (!((cols_ok >> ni) & 1)) continue;
           float v0 = acc[mi][ni][2 * hh], v1 = acc[mi][ni][2 * hh + 1];
           if (p.accumulate) {
             const int64_t row = row0 + static_cast<int64_t>(p.stride) * (wr * 32 + r);
-            const float2 old =
-                __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p.c + row * p.ldc + col0 + tc));
+            const float2 old = __bfloat1622float2(
+                *reinterpret_cast<const __nv_bfloat162*>(p.c + row * p.ldc + col0 + tc0 + ni * 8));
             v0 += old.x;
             v1 += old.y;
           }
           const __nv_bfloat162 o = __floats2bfloat162_rn(v0, v1);
-          sts_b32(sc + (r * p.tile_cols + tc) * 2, *reinterpret_cast<const uint32_t*>(&o));
+          sts_b32(row_at + ni * 16, *reinterpret_cast<const uint32_t*>(&o));
         }
       }
     fence_proxy_async_shared();
