@@ -399,7 +399,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     if (!p.tiles.empty() && built && detail::alg_pair_smem(c, p.slot, p.tile_cols) <= detail::kAlgPairMaxSmem)
       d.pair = {p.stride, p.in, p.slot, p.tile_cols, p.group_cols};
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgPairTile));
-    rows_at = tiles_at;
+    rows_at = tiles_at;  // no row list: a pair tile names its rows (row0, stride)
     d.num_tiles = static_cast<int>(p.tiles.size());
   } else if (pass == ops::AlgPass::DW) {
     // The split candidate: long lists, and every list where there are fewer than four tiles

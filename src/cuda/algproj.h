@@ -14,7 +14,9 @@
 //   types using that block. Each output element has one owner (a tile or the second kernel),
 //   so the results are deterministic. Needs every group offset and width to be even. For a few rows
 //   (decoding) the forward also has a matrix-vector kernel on CUDA cores that reads each weight
-//   row of the tile's blocks once, in 16-byte vectors (offsets multiples of 8).
+//   row of the tile's blocks once, in 16-byte vectors (offsets multiples of 8). Where a pair plan
+//   exists (ops::plan_pair_pass: graph laws, equal narrow groups, whole tiles of one progression),
+//   the forward also has the pair kernel (algproj_pair.cu), whose tiles are fixed TMA boxes.
 // - products (diagonal then typed): the law's support cut into rectangles of contiguous
 //   (input-group, output-group) ranges exactly as ops::AlgProj does; the terms shared by every
 //   row type run once over all rows, then the rest per row type, each rectangle one cuda::gemm
