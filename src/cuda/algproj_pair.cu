@@ -245,14 +245,17 @@ void pair_slot(const AlgPairArgs& a, int config, cudaStream_t stream, std::integ
   ((config == I ? pair_config<I, S>(a, stream) : void()), ...);
 }
 
+template <int... J>
+void pair_slots(const AlgPairArgs& a, int config, cudaStream_t stream, std::integer_sequence<int, J...>) {
+  const auto configs = std::make_integer_sequence<int, kAlgPairConfigCount>{};
+  ((a.slot == kAlgPairSlots[J] ? pair_slot<kAlgPairSlots[J]>(a, config, stream, configs) : void()), ...);
+}
+
 }  // namespace
 
 void launch_algproj_pair(const AlgPairArgs& args, int config, cudaStream_t stream) {
-  const auto configs = std::make_integer_sequence<int, kAlgPairConfigCount>{};
-  if (args.slot == 24)
-    pair_slot<24>(args, config, stream, configs);
-  else
-    pair_slot<40>(args, config, stream, configs);
+  constexpr int kSlots = sizeof(kAlgPairSlots) / sizeof(kAlgPairSlots[0]);
+  pair_slots(args, config, stream, std::make_integer_sequence<int, kSlots>{});
 }
 
 }  // namespace quiver::cuda::detail

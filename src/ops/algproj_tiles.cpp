@@ -504,6 +504,7 @@ AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& 
       if (!own || !rest_typed) return fail("a group reduces over blocks other than its own and the row type's");
     }
   const int64_t in = widths.in[0], n_out = widths.out[0];
+  const std::vector<int64_t> k_off = widths.in_offsets(), n_off = widths.out_offsets();
   for (int g = 0; g < q; ++g)
     if (widths.in[g] != in || widths.out[g] != n_out) return fail("unequal group widths");
   if (in % 2 != 0 || n_out % 2 != 0) return fail("odd group widths");
@@ -537,7 +538,7 @@ AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& 
   // x boxes: the least odd multiple of 8 columns holding every block from its 8-column boundary
   // (rows of 16 · odd bytes: the 8 rows of one ldmatrix fall in distinct banks).
   int64_t need = 0;
-  for (int g = 0; g < q; ++g) need = std::max(need, static_cast<int64_t>(widths.in_offsets()[g] % 8) + in);
+  for (int g = 0; g < q; ++g) need = std::max(need, k_off[g] % 8 + in);
   int64_t slot = 8;
   while (slot < need) slot += 16;
   out.stride = static_cast<int>(stride);
@@ -545,7 +546,6 @@ AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& 
   out.slot = static_cast<int>(slot);
   out.group_cols = static_cast<int>(cols);
   out.tile_cols = static_cast<int>(groups * cols);
-  const std::vector<int64_t> k_off = widths.in_offsets(), n_off = widths.out_offsets();
   for (int a = 0; a < q; ++a)
     for (size_t i = 0; i < rows_of[a].size(); i += tile_rows)
       for (int d = 0; d < q; d += groups)
