@@ -34,6 +34,7 @@ struct BenchArgs {
   // --device cuda (SPEC §1.6 grid)
   std::string m_list, q_list, model;
   bool paper_q = false;
+  bool clock_probe = false;
 };
 
 std::vector<int64_t> parse_list(const std::string& text, const char* what) {
@@ -71,6 +72,7 @@ void run_cuda(const BenchArgs& a) {
   options.backward = a.backward;
   options.model = a.model;
   options.runs = a.quick ? 5 : std::max(5, a.reps);
+  options.clock_probe = a.clock_probe;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array(), table = nlohmann::ordered_json::array();
   for (const cuda::AlgProjBenchRow& r : cuda::bench_algproj_cuda(options)) {
     nlohmann::ordered_json row;
@@ -93,11 +95,17 @@ void run_cuda(const BenchArgs& a) {
     row["of_floor"] = r.of_floor;
     row["rel_error"] = r.rel_error;
     row["correct"] = r.correct;
+    if (a.clock_probe) {
+      row["alg_after_dense_us"] = r.alg_after_dense_us;
+      row["alg_after_idle_us"] = r.alg_after_idle_us;
+    }
     rows.push_back(row);
     nlohmann::ordered_json t;
     for (const char* k : {"model", "pass", "M", "q", "kernel", "dense_us", "alg_us", "speedup", "paper_speedup",
                           "speedup_flushed", "floor_us", "of_floor", "correct"})
       t[k] = row[k];
+    if (a.clock_probe)
+      for (const char* k : {"alg_after_dense_us", "alg_after_idle_us"}) t[k] = row[k];
     table.push_back(t);
   }
   std::string machine = fmt::format("{} (GPU), host {}", cuda::device_name(), cpu_description());
@@ -244,6 +252,8 @@ void register_bench_algproj(CLI::App& bench) {
                                             "8192,32768)");
   cmd->add_option("--q-list", args->q_list, "cuda: q values (default 4..64, Qwen3-32B to 256)");
   cmd->add_flag("--paper-q", args->paper_q, "cuda: only each shape's q* of the paper's Table 1");
+  cmd->add_flag("--clock-probe", args->clock_probe,
+                "cuda: also time the algebraic call right after a dense call and after 30 ms idle (GPU clock state)");
   cmd->add_option("--model", args->model, "cuda: only shapes whose name contains this");
   cmd->add_option("--results-dir", args->results_dir, "where results are written")
       ->capture_default_str();
