@@ -18,7 +18,8 @@
 #             forward, dK/dV and dQ passes, the defaults; the first 6 launches of bench relation's
 #             warm-up): speed of light, warp states and occupancy in OUT_DIR/ncu-sections.log, pipe
 #             use and instruction counts in OUT_DIR/ncu-metrics.log, and a summary of both
-#   algproj   quiver bench algproj --device cuda --paper-q (the algebra paper's Table 1)
+#   algproj   quiver bench algproj --device cuda --paper-q --clock-probe (the algebra paper's Table 1, with
+#             the algebraic times right after dense and after 30 ms idle)
 #   ncu-algproj  Nsight Compute on the algebraic-projection forward chosen by calibration for one
 #             Table 1 row (ALGPROJ_MODEL, default Qwen3-8B; ALGPROJ_M): calibrated first without
 #             the profiler (its kernel cache in OUT_DIR/ncu-kernel-cache), then the timed runs'
@@ -119,7 +120,7 @@ for step in "${steps[@]}"; do
           "$out/ncu-sections.log" "$out/ncu-metrics.log" | cut -c1-160
       fi
       ;;
-    algproj) run algproj "$Q" bench algproj --device cuda --paper-q --results-dir "$out/results" ;;
+    algproj) run algproj "$Q" bench algproj --device cuda --paper-q --clock-probe --results-dir "$out/results" ;;
     ncu-algproj)
       ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2> /dev/null)
       if [ -z "$ncu_bin" ]; then
