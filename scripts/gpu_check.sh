@@ -19,7 +19,7 @@
 #             warm-up): speed of light, warp states and occupancy in OUT_DIR/ncu-sections.log, pipe
 #             use and instruction counts in OUT_DIR/ncu-metrics.log, and a summary of both
 #   algproj   quiver bench algproj --device cuda --paper-q --clock-probe (the algebra paper's Table 1, with
-#             the algebraic times right after dense and after 30 ms idle)
+#             the algebraic times 30 ms after dense as well)
 #   ncu-algproj  Nsight Compute on the algebraic-projection forward chosen by calibration for one
 #             Table 1 row (ALGPROJ_MODEL, default Qwen3-8B; ALGPROJ_M): calibrated first without
 #             the profiler (its kernel cache in OUT_DIR/ncu-kernel-cache), then the timed runs'

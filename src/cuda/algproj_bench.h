@@ -28,10 +28,10 @@ struct AlgProjBenchOptions {
   bool backward = true;     // dX and dW at M = 2048 with q* as well
   std::string model;        // only shapes whose name contains this ("" = all)
   int runs = 21;            // alternating trials per side (at least 5)
-  // Also time the algebraic call's warm graph right after the dense one and again after the GPU
-  // idled 30 ms: a dense GEMM of milliseconds leaves the GPU at a power-limited clock that takes
-  // tens of milliseconds to recover, and the alternating trials meet it (bench/results/
-  // algproj-cuda-clocks-2026-12-06.md).
+  // Also time the algebraic call's warm graph 30 ms after a dense one: a dense GEMM of
+  // milliseconds leaves the GPU at a power-limited clock that takes tens of milliseconds to
+  // recover, and the alternating trials, where the algebraic call follows dense at once, meet it
+  // (bench/results/algproj-cuda-clocks-2026-12-06.md).
   bool clock_probe = false;
 };
 
@@ -49,8 +49,7 @@ struct AlgProjBenchRow {
   double paper_speedup = 0;  // Table 1 (H200 NVL, warm), 0 where the paper has no entry
   double rel_error = 0;
   bool correct = false;
-  // clock_probe: medians of the algebraic warm call right after a dense call and 30 ms after one
-  double alg_after_dense_us = 0, alg_after_idle_us = 0;
+  double alg_after_idle_us = 0;  // clock_probe: median of the algebraic warm call 30 ms after dense
 };
 
 std::vector<AlgProjBenchRow> bench_algproj_cuda(const AlgProjBenchOptions& options = {});
