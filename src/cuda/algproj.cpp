@@ -308,7 +308,7 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   }
   if (k.kind == AlgKernel::Kind::Pair) {
     const detail::AlgPairConfig& c = detail::kAlgPairConfigs[k.config];
-    return fmt::format("pair {}x{}g{} x{}", c.rows, c.groups, c.group_box, c.stages);
+    return fmt::format("pair {}x{}g{} x{}{}", c.rows, c.groups, c.group_box, c.stages, c.lane_producer ? " lane-producer" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}{}{}", c.rows, c.cols, c.chunk, c.stages, c.packed ? " packed" : "",
@@ -679,7 +679,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj17|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj18|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

@@ -244,14 +244,18 @@ struct AlgWeightReduceArgs {
 };
 
 // The pair kernel (algproj_pair.cu, forward only): tiles of a pair plan (ops::plan_pair_pass),
-// `rows` rows × `groups` output groups (or one part of a group) of `group_box` W columns each;
-// one producer warp loads each tile's boxes by TMA into a ring of `stages`, and
-// rows / 32 · groups · group_box / 64 consumer warps (32 × 64 outputs each) compute them with
-// mma.sync and store each warp row's 32 rows of the tile by TMA from a double staging.
+// `rows` rows × `groups` output groups (or one part of a group) of `group_box` W columns each,
+// loaded by TMA into a ring of `stages`; rows / 32 · groups · group_box / 64 consumer warps
+// (32 × 64 outputs each) compute them with mma.sync and store each warp row's 32 rows of the tile
+// by TMA from a double staging. The loads are issued by a producer warp, or with `lane_producer`
+// by lane 0 of consumer warp 0, kStages − 1 tiles ahead: 16 consumer warps then hold 128
+// registers a thread (with a 17th warp, 5 share a scheduler: 96).
 struct AlgPairConfig {
   int rows, groups, group_box, stages;
+  bool lane_producer;
 };
-constexpr AlgPairConfig kAlgPairConfigs[] = {{128, 2, 128, 2}, {64, 2, 128, 3}, {64, 1, 256, 3}, {128, 1, 256, 2}};
+constexpr AlgPairConfig kAlgPairConfigs[] = {{64, 2, 128, 3, false}, {64, 1, 256, 3, false}, {128, 2, 128, 2, true},
+                                             {64, 2, 128, 3, true},  {64, 1, 256, 3, true},  {128, 1, 256, 2, true}};
 constexpr int kAlgPairConfigCount = sizeof(kAlgPairConfigs) / sizeof(kAlgPairConfigs[0]);
 // The x box widths (ops::AlgPairPlan::slot) the kernel is built for.
 constexpr int kAlgPairSlots[] = {24, 40};

@@ -12,6 +12,9 @@
 // blocks and the typed block) and, per group, W's rows of its own block and of the typed block at
 // the group's columns, in 128-byte-swizzled panels of 64 columns (conflict-free ldmatrix.trans).
 //
+// In the lane-producer configurations lane 0 of consumer warp 0 does the producer's work instead:
+// it fills the ring first, and at each later tile refills the stage of the tile before.
+//
 // Consumer warps own 32 rows × one 64-column panel of one group (warp rows of groups · panels
 // warps). A warp's reduction runs over 2 · slot positions, its own block's box then the typed
 // block's, in k16 steps of mma.sync m16n8k16 whose 8-column halves each lie in one box; the A
@@ -27,6 +30,7 @@
 // there would turn the product into NaN: weights are finite.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -50,12 +54,21 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void sts_b32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+// Four 4-byte shared stores if `on` (predicated: no branch).
+__device__ __forceinline__ void sts4_b32_if(const uint32_t (&addr)[4], const uint32_t (&v)[4], uint32_t on) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %8, 0;\n"
+      " @p st.shared.b32 [%0], %4;\n @p st.shared.b32 [%1], %5;\n"
+      " @p st.shared.b32 [%2], %6;\n @p st.shared.b32 [%3], %7;\n}\n" ::"r"(addr[0]),
+      "r"(addr[1]), "r"(addr[2]), "r"(addr[3]), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]), "r"(on)
+      : "memory");
 }
-// Barrier `id` (1..) among `threads` threads (a warp row).
+// Named barrier `id` (1..) of `threads` threads: wait for all of them, or only arrive.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 template <int C, int S>
@@ -65,7 +78,8 @@ struct PairLayout {
   static constexpr int kPanels = cfg.group_box / 64;
   static constexpr int kRowWarps = G * kPanels;  // warps of one warp row
   static constexpr int kConsumerWarps = BM / 32 * kRowWarps;
-  static constexpr int kThreads = 32 * (kConsumerWarps + 1);
+  static constexpr bool kLaneProducer = cfg.lane_producer;
+  static constexpr int kThreads = 32 * (kConsumerWarps + (kLaneProducer ? 0 : 1));
   static constexpr uint32_t kXBox = BM * S * 2;   // bytes of one x box
   static constexpr uint32_t kPanel = S * 128;     // bytes of one W panel: S rows of 64 columns
   static constexpr uint32_t kStageX = (G + 1) * kXBox;
@@ -101,29 +115,42 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
   pdl_trigger();  // a programmatic dependent (block_launch.cuh): the plan before, x, W and y after
   pdl_wait();
 
-  if (warp == L::kConsumerWarps) {  // the producer
+  // A tile's record into a stage's header, and its boxes into the stage.
+  auto issue = [&](const ops::AlgPairTile& t, int stage) {
+    header[stage] = t;
+    tma::arrive_expect(&full[stage], L::kStageX + L::kStageW);
+    const int c1 = t.row0 % p.stride, c2 = t.row0 / p.stride;
+    const uint32_t xs = x_ring + stage * L::kStageX, ws = w_ring + stage * L::kStageW;
+#pragma unroll
+    for (int b = 0; b <= G; ++b)  // own block of group 0, the typed block, own block of group 1
+      tma::load_3d(at(xs + b * L::kXBox), &p.x, &full[stage], (b == 1 ? t.k_typed : t.k_own[b / 2]) & ~7, c1, c2);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int typed = 0; typed < 2; ++typed)
+#pragma unroll
+        for (int pn = 0; pn < kPanels; ++pn)
+          tma::load_2d(at(ws + ((2 * g + typed) * kPanels + pn) * L::kPanel), &p.w, &full[stage],
+                       t.w_col[g] + 64 * pn, (typed ? t.k_typed : t.k_own[g]) & ~7);
+  };
+  // With a lane producer: the tile whose record `next` holds (refilling the stage of tile n − 1
+  // at tile n with tile n − 1 + kStages).
+  ops::AlgPairTile next{};
+  if constexpr (L::kLaneProducer) {
+    if (tid == 0) {
+      int tile = blockIdx.x;
+      for (int s = 0; s < kStages && tile < p.num_tiles; ++s, tile += gridDim.x) issue(p.tiles[tile], s);
+      if (tile < p.num_tiles) next = p.tiles[tile];
+    }
+  } else if (warp == L::kConsumerWarps) {  // the producer warp
     if (lane != 0) return;
-    ops::AlgPairTile next = blockIdx.x < p.num_tiles ? p.tiles[blockIdx.x] : ops::AlgPairTile{};
+    next = blockIdx.x < p.num_tiles ? p.tiles[blockIdx.x] : ops::AlgPairTile{};
     for (int tile = blockIdx.x, n = 0; tile < p.num_tiles; tile += gridDim.x, ++n) {
       const ops::AlgPairTile t = next;
       if (tile + gridDim.x < p.num_tiles) next = p.tiles[tile + gridDim.x];
       const int stage = n % kStages;
       if (n >= kStages) tma::wait(&empty[stage], ((n / kStages) & 1) ^ 1);
-      header[stage] = t;
-      tma::arrive_expect(&full[stage], L::kStageX + L::kStageW);
-      const int c1 = t.row0 % p.stride, c2 = t.row0 / p.stride;
-      const uint32_t xs = x_ring + stage * L::kStageX, ws = w_ring + stage * L::kStageW;
-#pragma unroll
-      for (int b = 0; b <= G; ++b)  // own block of group 0, the typed block, own block of group 1
-        tma::load_3d(at(xs + b * L::kXBox), &p.x, &full[stage], (b == 1 ? t.k_typed : t.k_own[b / 2]) & ~7, c1, c2);
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int typed = 0; typed < 2; ++typed)
-#pragma unroll
-          for (int pn = 0; pn < kPanels; ++pn)
-            tma::load_2d(at(ws + ((2 * g + typed) * kPanels + pn) * L::kPanel), &p.w, &full[stage],
-                         t.w_col[g] + 64 * pn, (typed ? t.k_typed : t.k_own[g]) & ~7);
+      issue(t, stage);
     }
     return;
   }
@@ -145,9 +172,19 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) b_col[j] = ((2 * j + (lane >> 4)) ^ (lane & 7)) << 4;
-  const bool storer = warp % L::kRowWarps == 0 && lane == 0;  // issues its warp row's stores
+  const bool row_leader = warp % L::kRowWarps == 0;  // its lane 0 issues the warp row's stores
+  const bool storer = row_leader && lane == 0;
 
   for (int tile = blockIdx.x, n = 0; tile < p.num_tiles; tile += gridDim.x, ++n) {
+    if constexpr (L::kLaneProducer) {
+      const int refill = tile + (kStages - 1) * gridDim.x;  // tile n − 1 + kStages
+      if (tid == 0 && n >= 1 && refill < p.num_tiles) {
+        const int s = (n - 1) % kStages;
+        tma::wait(&empty[s], ((n - 1) / kStages) & 1);  // every warp has read tile n − 1
+        issue(next, s);
+        if (refill + gridDim.x < p.num_tiles) next = p.tiles[refill + gridDim.x];
+      }
+    }
     const int stage = n % kStages;
     tma::wait(&full[stage], (n / kStages) & 1);
     const ops::AlgPairTile& h = header[stage];
@@ -187,9 +224,6 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
     __syncwarp();
     if (lane == 0) tma::arrive(&empty[stage]);  // header and boxes read
 
-    // The warp row's 32 rows into staging n % 2 (its store from two tiles ago has read it), then
-    // out as one box.
-    const uint32_t sc = staging + ((n & 1) * BM + wr * 32) * p.tile_cols * 2;
     // Bit ni: this lane's columns of n8 tile ni are the group's in this tile.
     uint32_t cols_ok = 0;
 #pragma unroll
@@ -198,34 +232,58 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
       if (bc >= lo && bc < lo + p.group_cols) cols_ok |= 1u << ni;
     }
     const int tc0 = col_at + pn * 64 + 2 * tig;  // tile column of n8 tile 0
-    if (storer) bulk_wait_read_all_but_last();
-    named_sync(1 + wr, 32 * L::kRowWarps);
+    if (p.accumulate) {  // the outputs' old values join the products, before the staging is touched
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+      for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = mi * 16 + grp + 8 * hh;
-        const uint32_t row_at = sc + (r * p.tile_cols + tc0) * 2;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int64_t row = row0 + static_cast<int64_t>(p.stride) * (wr * 32 + mi * 16 + grp + 8 * hh);
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni) {
-          if (!((cols_ok >> ni) & 1)) continue;
-          float v0 = acc[mi][ni][2 * hh], v1 = acc[mi][ni][2 * hh + 1];
-          if (p.accumulate) {
-            const int64_t row = row0 + static_cast<int64_t>(p.stride) * (wr * 32 + r);
-            const float2 old = __bfloat1622float2(
-                *reinterpret_cast<const __nv_bfloat162*>(p.c + row * p.ldc + col0 + tc0 + ni * 8));
-            v0 += old.x;
-            v1 += old.y;
-          }
-          const __nv_bfloat162 o = __floats2bfloat162_rn(v0, v1);
-          sts_b32(row_at + ni * 16, *reinterpret_cast<const uint32_t*>(&o));
+          for (int ni = 0; ni < 8; ++ni)
+            if ((cols_ok >> ni) & 1) {
+              const float2 old = __bfloat1622float2(
+                  *reinterpret_cast<const __nv_bfloat162*>(p.c + row * p.ldc + col0 + tc0 + ni * 8));
+              acc[mi][ni][2 * hh] += old.x;
+              acc[mi][ni][2 * hh + 1] += old.y;
+            }
         }
+    }
+
+    // The warp row's 32 rows into staging n % 2, then out as one box. Barrier 2 wr + 1: the storer
+    // says the staging is free (its store two tiles ago has read it), the others wait for that;
+    // barrier 2 wr + 2: the others say their part is written, the storer waits for that.
+    const uint32_t sc = staging + ((n & 1) * BM + wr * 32) * p.tile_cols * 2;
+    const int free_bar = 1 + 2 * wr, full_bar = 2 + 2 * wr, row_threads = 32 * L::kRowWarps;
+    if (row_leader) {
+      if (lane == 0) bulk_wait_read_all_but_last();
+      __syncwarp();
+      named_arrive(free_bar, row_threads);
+    } else {
+      named_sync(free_bar, row_threads);
+    }
+    // Per n8 tile, its four stores (rows grp + 8 (2 mi + hh)) under one predicate.
+    const uint32_t row_at = sc + (grp * p.tile_cols + tc0) * 2, row8 = 8 * p.tile_cols * 2;
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni) {
+      uint32_t addr[4], v[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int mi = r / 2, hh = r % 2;
+        const __nv_bfloat162 o = __floats2bfloat162_rn(acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]);
+        v[r] = *reinterpret_cast<const uint32_t*>(&o);
+        addr[r] = row_at + r * row8 + ni * 16;
       }
+      sts4_b32_if(addr, v, (cols_ok >> ni) & 1);
+    }
     fence_proxy_async_shared();
-    named_sync(1 + wr, 32 * L::kRowWarps);
-    if (storer) {
-      tma::store_3d(&p.y, at(sc), col0, row0 % p.stride, row0 / p.stride + wr * 32);
-      tma::bulk_commit();
+    if (row_leader) {
+      named_sync(full_bar, row_threads);
+      if (lane == 0) {
+        tma::store_3d(&p.y, at(sc), col0, row0 % p.stride, row0 / p.stride + wr * 32);
+        tma::bulk_commit();
+      }
+    } else {
+      named_arrive(full_bar, row_threads);
     }
   }
   if (storer) bulk_wait();  // the stores have left shared memory and landed
@@ -234,10 +292,11 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
 template <int C, int S>
 void pair_config(const AlgPairArgs& a, cudaStream_t stream) {
   using L = PairLayout<C, S>;
-  // The stagings follow the plan's tile columns (the caller checks the total against
+  // The stagings follow the plan's tile columns (at most 256; the caller checks the total against
   // kAlgPairMaxSmem); the kernel opts in to the most any plan may take.
-  const size_t smem = alg_pair_smem(kAlgPairConfigs[C], S, a.tile_cols);
-  launch<algproj_pair_kernel<C, S>>(L::kThreads, smem, a.num_tiles, true, a, stream, kAlgPairMaxSmem);
+  constexpr AlgPairConfig c = kAlgPairConfigs[C];
+  constexpr size_t most = std::min(alg_pair_smem(c, S, 256), kAlgPairMaxSmem);
+  launch<algproj_pair_kernel<C, S>>(L::kThreads, alg_pair_smem(c, S, a.tile_cols), a.num_tiles, true, a, stream, most);
 }
 
 template <int S, int... I>

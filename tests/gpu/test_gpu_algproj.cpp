@@ -142,19 +142,15 @@ std::string worst_element(const Tensor& got, const Tensor& ref, const std::vecto
 }
 
 // Forward, dX and dW of one law / widths / row-type arrangement against the reference;
-// also checks that the GPU class cuts the support exactly as the CPU class.
-// Kernels pinned for every pass (unset: calibrated, the default).
+// also checks that the GPU class cuts the support exactly as the CPU class. Each kernel set pins
+// the kernels of its passes (unset: calibrated, the default); the references are computed once.
 void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
-                const cuda::AlgProj::Kernels& kernels = {}) {
+                const std::vector<cuda::AlgProj::Kernels>& kernel_sets) {
   const algebra::Law law = algebra::Law::parse(c.law);
   const int q = law.q();
   const algebra::GroupWidths widths = widths_of(c, q);
   SCOPED_TRACE(fmt::format("law {}, K {}, N {}, M {}", c.law, widths.K(), widths.N(), types.size()));
-  cuda::AlgProj gpu(law, widths, c.access);
-  gpu.set_kernels(kernels);
   const ops::AlgProj cpu(law, widths, c.access);
-  ASSERT_EQ(gpu.shared_products(), cpu.shared_products());
-  for (int a = 0; a < q; ++a) ASSERT_EQ(gpu.type_products(a), cpu.type_products(a));
 
   const int64_t M = static_cast<int64_t>(types.size()), K = widths.K(), N = widths.N();
   Rng rng(seed);
@@ -173,42 +169,53 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
 
   const Tensor xd = to_device(x, DType::BF16), wd = to_device(w, DType::BF16),
                dyd = to_device(dy, DType::BF16);
-  Tensor y = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
-  Tensor dx = Tensor::empty({M, K}, DType::BF16, Device::CUDA);
-  Tensor dw = Tensor::empty({K, N}, DType::F32, Device::CUDA);
+  for (const cuda::AlgProj::Kernels& kernels : kernel_sets) {
+    SCOPED_TRACE(fmt::format("kernel set {}", &kernels - kernel_sets.data()));
+    cuda::AlgProj gpu(law, widths, c.access);
+    gpu.set_kernels(kernels);
+    ASSERT_EQ(gpu.shared_products(), cpu.shared_products());
+    for (int a = 0; a < q; ++a) ASSERT_EQ(gpu.type_products(a), cpu.type_products(a));
+    Tensor y = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
+    Tensor dx = Tensor::empty({M, K}, DType::BF16, Device::CUDA);
+    Tensor dw = Tensor::empty({K, N}, DType::F32, Device::CUDA);
 
-  // Twice: the second call reuses the cached plans and scratch.
-  for (int rep = 0; rep < 2; ++rep) {
-    SCOPED_TRACE("call " + std::to_string(rep));
-    poison(y);
-    poison(dx);
-    poison(dw);
-    gpu.forward(xd, wd, types, y);
-    gpu.backward(xd, wd, dyd, types, &dx, &dw);
+    // Twice: the second call reuses the cached plans and scratch.
+    for (int rep = 0; rep < 2; ++rep) {
+      SCOPED_TRACE("call " + std::to_string(rep));
+      poison(y);
+      poison(dx);
+      poison(dw);
+      gpu.forward(xd, wd, types, y);
+      gpu.backward(xd, wd, dyd, types, &dx, &dw);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Tensor yh = to_host_f64(y), dxh = to_host_f64(dx), dwh = to_host_f64(dw);
+      ASSERT_TRUE(all_finite(yh));
+      ASSERT_TRUE(all_finite(dxh));
+      ASSERT_TRUE(all_finite(dwh));
+      EXPECT_LE(rel_error(yh, y_ref), bound(K, q, y_abs, y_ref, kBf16Unit)) << worst_element(yh, y_ref, types);
+      EXPECT_LE(rel_error(dxh, dx_ref), bound(N, q, dx_abs, dx_ref, kBf16Unit)) << worst_element(dxh, dx_ref, types);
+      EXPECT_LE(rel_error(dwh, dw_ref), bound(M, q, dw_abs, dw_ref, kF32Unit));
+    }
+    if (kernels.forward) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::Forward), *kernels.forward);
+    if (kernels.dx) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DX), *kernels.dx);
+    if (kernels.dw) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DW), *kernels.dw);
+    // y and dw accumulate when asked: the result + the result again.
+    gpu.forward(xd, wd, types, y, nullptr, true);
+    Tensor y_twice = y_ref.clone();
+    for (int64_t i = 0; i < y_twice.numel(); ++i) y_twice.data<double>()[i] *= 2;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const Tensor yh = to_host_f64(y), dxh = to_host_f64(dx), dwh = to_host_f64(dw);
-    ASSERT_TRUE(all_finite(yh));
-    ASSERT_TRUE(all_finite(dxh));
-    ASSERT_TRUE(all_finite(dwh));
-    EXPECT_LE(rel_error(yh, y_ref), bound(K, q, y_abs, y_ref, kBf16Unit)) << worst_element(yh, y_ref, types);
-    EXPECT_LE(rel_error(dxh, dx_ref), bound(N, q, dx_abs, dx_ref, kBf16Unit)) << worst_element(dxh, dx_ref, types);
-    EXPECT_LE(rel_error(dwh, dw_ref), bound(M, q, dw_abs, dw_ref, kF32Unit));
+    // One more bf16 rounding (two with the products schedule) of a value twice as large.
+    EXPECT_LE(rel_error(to_host_f64(y), y_twice), bound(K, q, y_abs, y_ref, kBf16Unit) + 2 * kBf16Unit);
+    gpu.backward(xd, wd, dyd, types, nullptr, &dw, nullptr, true);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor twice = dw_ref.clone();
+    for (int64_t i = 0; i < twice.numel(); ++i) twice.data<double>()[i] *= 2;
+    EXPECT_LE(rel_error(to_host_f64(dw), twice), 2 * bound(M, q, dw_abs, dw_ref, kF32Unit));
   }
-  if (kernels.forward) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::Forward), *kernels.forward);
-  if (kernels.dx) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DX), *kernels.dx);
-  if (kernels.dw) EXPECT_EQ(gpu.last_kernel(ops::AlgPass::DW), *kernels.dw);
-  // y and dw accumulate when asked: the result + the result again.
-  gpu.forward(xd, wd, types, y, nullptr, true);
-  Tensor y_twice = y_ref.clone();
-  for (int64_t i = 0; i < y_twice.numel(); ++i) y_twice.data<double>()[i] *= 2;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  // One more bf16 rounding (two with the products schedule) of a value twice as large.
-  EXPECT_LE(rel_error(to_host_f64(y), y_twice), bound(K, q, y_abs, y_ref, kBf16Unit) + 2 * kBf16Unit);
-  gpu.backward(xd, wd, dyd, types, nullptr, &dw, nullptr, true);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Tensor twice = dw_ref.clone();
-  for (int64_t i = 0; i < twice.numel(); ++i) twice.data<double>()[i] *= 2;
-  EXPECT_LE(rel_error(to_host_f64(dw), twice), 2 * bound(M, q, dw_abs, dw_ref, kF32Unit));
+}
+// One kernel set (unset passes: calibrated, the default).
+void check_case(const Case& c, const std::vector<int>& types, uint64_t seed, const cuda::AlgProj::Kernels& kernels = {}) {
+  check_case(c, types, seed, std::vector<cuda::AlgProj::Kernels>{kernels});
 }
 
 const Case kDense{"dense:4"};
@@ -426,26 +433,33 @@ TEST(GpuAlgProj, PairKernelEveryConfig) {
       {{"Q8", {}, {}, 320, 1600}, cyclic},     {{"Q4", {}, {}, 160, 1600}, cyclic},
       {{"graph:4:0>1,2>3", {}, {}, 80, 400}, cyclic}, {{"Q8", {}, {}, 144, 192}, cyclic},
   };
-  for (int c = 0; c < cuda::detail::kAlgPairConfigCount; ++c) {
-    SCOPED_TRACE("pair config " + std::to_string(c));
-    const cuda::detail::AlgPairConfig& cfg = cuda::detail::kAlgPairConfigs[c];
-    int ran = 0;
-    for (const PairCase& pc : cases) {
-      const algebra::Law law = algebra::Law::parse(pc.c.law);
-      // Two tiles a type for the first case (a block's tiles of one type in turn), one for the rest.
-      for (int per_type : {cfg.rows, &pc == cases ? 2 * cfg.rows : 0}) {
+  // Per case and row count, every configuration of those rows whose plan exists, on one reference.
+  int ran[cuda::detail::kAlgPairConfigCount] = {};
+  for (const PairCase& pc : cases) {
+    const algebra::Law law = algebra::Law::parse(pc.c.law);
+    for (int rows : {64, 128})
+      // One tile a type, and for the last case 40 (1280 tiles or more: each block goes round its
+      // ring more than once, the producer refilling stages).
+      for (int per_type : {rows, &pc == &cases[5] ? 40 * rows : 0}) {
         if (per_type == 0) continue;
         const std::vector<int> types = pc.types(per_type, law.q());
-        const ops::AlgPairPlan plan =
-            ops::plan_pair_pass(law, widths_of(pc.c, law.q()), types, cfg.rows, cfg.groups, cfg.group_box);
-        const bool built = plan.slot == 24 || plan.slot == 40;
-        if (plan.tiles.empty() || !built) continue;
-        ++ran;
-        check_case(pc.c, types, 261 + c, {AlgKernel{AlgKernel::Kind::Pair, c}, fused(0), fused(0)});
+        std::vector<cuda::AlgProj::Kernels> sets;
+        for (int c = 0; c < cuda::detail::kAlgPairConfigCount; ++c) {
+          const cuda::detail::AlgPairConfig& cfg = cuda::detail::kAlgPairConfigs[c];
+          if (cfg.rows != rows) continue;
+          const ops::AlgPairPlan plan =
+              ops::plan_pair_pass(law, widths_of(pc.c, law.q()), types, cfg.rows, cfg.groups, cfg.group_box);
+          const bool built = plan.slot == 24 || plan.slot == 40;
+          if (plan.tiles.empty() || !built ||
+              cuda::detail::alg_pair_smem(cfg, plan.slot, plan.tile_cols) > cuda::detail::kAlgPairMaxSmem)
+            continue;
+          ++ran[c];
+          sets.push_back({AlgKernel{AlgKernel::Kind::Pair, c}, fused(0), fused(0)});
+        }
+        if (!sets.empty()) check_case(pc.c, types, 261 + (&pc - cases) + per_type, sets);
       }
-    }
-    EXPECT_GE(ran, 2);
   }
+  for (int c = 0; c < cuda::detail::kAlgPairConfigCount; ++c) EXPECT_GE(ran[c], 2) << "pair config " << c;
   // A kernel pinned where its plan cannot exist names the problem.
   cuda::AlgProj gpu(algebra::Law::parse("Q2xQ2"), algebra::GroupWidths::equal(4, 64, 256));
   gpu.set_kernels({AlgKernel{AlgKernel::Kind::Pair, 0}, {}, {}});
@@ -755,5 +769,5 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiples of 8"), std::string::npos) << e.what();
   }
-  check_case({"Q4", {20, 20, 20, 20}, {100, 100, 100, 100}}, make_types(Sched::Cyclic, 260, 4, 1), 499, {});
+  check_case({"Q4", {20, 20, 20, 20}, {100, 100, 100, 100}}, make_types(Sched::Cyclic, 260, 4, 1), 499);
 }
