@@ -318,13 +318,22 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
 // ---- reference ----------------------------------------------------------------------
 
 namespace {
-// Mask_α as a per-element lookup: group of each input and output feature.
+// Mask_α as a per-element lookup: group of each input and output feature, and each group's
+// first feature (k0, n0: q + 1 offsets).
 struct Groups {
   std::vector<int> of_k, of_n;
+  std::vector<int64_t> k0{0}, n0{0};
   Groups(const GroupWidths& w) {
-    for (int g = 0; g < static_cast<int>(w.in.size()); ++g) of_k.insert(of_k.end(), w.in[g], g);
-    for (int g = 0; g < static_cast<int>(w.out.size()); ++g) of_n.insert(of_n.end(), w.out[g], g);
+    for (int g = 0; g < static_cast<int>(w.in.size()); ++g) {
+      of_k.insert(of_k.end(), w.in[g], g);
+      k0.push_back(k0.back() + w.in[g]);
+    }
+    for (int g = 0; g < static_cast<int>(w.out.size()); ++g) {
+      of_n.insert(of_n.end(), w.out[g], g);
+      n0.push_back(n0.back() + w.out[g]);
+    }
   }
+  int q() const { return static_cast<int>(k0.size()) - 1; }
 };
 }  // namespace
 
@@ -338,13 +347,15 @@ void algproj_reference_forward(const Tensor& x, const Tensor& w, const Law& law,
   Tensor xd = x.to(DType::F64), wd = w.to(DType::F64), yd = Tensor::zeros({M, N}, DType::F64);
   const double *X = xd.data<double>(), *W = wd.data<double>();
   double* Y = yd.data<double>();
+  // The masked sum over k in ascending order, skipping the blocks the mask zeroes whole.
   for (int64_t m = 0; m < M; ++m) {
     int a = row_types[m];
     QV_CHECK(a >= 0 && a < law.q(), "row {} has type {}, outside [0, {})", m, a, law.q());
     for (int64_t n = 0; n < N; ++n) {
       double s = 0;
-      for (int64_t k = 0; k < K; ++k)
-        if (law.contributes(a, g.of_k[k], g.of_n[n])) s += X[m * K + k] * W[k * N + n];
+      for (int gk = 0; gk < g.q(); ++gk)
+        if (law.contributes(a, gk, g.of_n[n]))
+          for (int64_t k = g.k0[gk]; k < g.k0[gk + 1]; ++k) s += X[m * K + k] * W[k * N + n];
       Y[m * N + n] = s;
     }
   }
@@ -364,14 +375,17 @@ void algproj_reference_backward(const Tensor& x, const Tensor& w, const Tensor& 
   Tensor dxd = Tensor::zeros({M, K}, DType::F64), dwd = Tensor::zeros({K, N}, DType::F64);
   const double *X = xd.data<double>(), *W = wd.data<double>(), *DY = dyd.data<double>();
   double *DX = dxd.data<double>(), *DW = dwd.data<double>();
+  // The same sums in the same order as over every (k, n), skipping the blocks the mask zeroes.
   for (int64_t m = 0; m < M; ++m) {
     int a = row_types[m];
+    QV_CHECK(a >= 0 && a < law.q(), "row {} has type {}, outside [0, {})", m, a, law.q());
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t n = 0; n < N; ++n)
-        if (law.contributes(a, g.of_k[k], g.of_n[n])) {
-          DX[m * K + k] += DY[m * N + n] * W[k * N + n];
-          DW[k * N + n] += X[m * K + k] * DY[m * N + n];
-        }
+      for (int gn = 0; gn < g.q(); ++gn)
+        if (law.contributes(a, g.of_k[k], gn))
+          for (int64_t n = g.n0[gn]; n < g.n0[gn + 1]; ++n) {
+            DX[m * K + k] += DY[m * N + n] * W[k * N + n];
+            DW[k * N + n] += X[m * K + k] * DY[m * N + n];
+          }
   }
   check_shape(dx, {M, K}, "dx");
   check_shape(dw, {K, N}, "dw");
