@@ -30,7 +30,6 @@
 // there would turn the product into NaN: weights are finite.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -292,11 +291,10 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
 template <int C, int S>
 void pair_config(const AlgPairArgs& a, cudaStream_t stream) {
   using L = PairLayout<C, S>;
-  // The stagings follow the plan's tile columns (at most 256; the caller checks the total against
+  // The stagings follow the plan's tile columns (the caller checks the total against
   // kAlgPairMaxSmem); the kernel opts in to the most any plan may take.
-  constexpr AlgPairConfig c = kAlgPairConfigs[C];
-  constexpr size_t most = std::min(alg_pair_smem(c, S, 256), kAlgPairMaxSmem);
-  launch<algproj_pair_kernel<C, S>>(L::kThreads, alg_pair_smem(c, S, a.tile_cols), a.num_tiles, true, a, stream, most);
+  const size_t smem = alg_pair_smem(kAlgPairConfigs[C], S, a.tile_cols);
+  launch<algproj_pair_kernel<C, S>>(L::kThreads, smem, a.num_tiles, true, a, stream, kAlgPairMaxSmem);
 }
 
 template <int S, int... I>
