@@ -464,18 +464,19 @@ TEST(AlgProjTiles, PairPlansReproduceTheFormula) {
     int64_t in, out, M;
     bool interval;
     int tile_rows, groups, box;
-    int slot, tile_cols, stride;
+    int slot, tile_cols, stride, own_gap;
   };
   // Qwen3-32B's q = 256 in miniature (blocks of 20 at leads 0 and 4, groups of 100 in pairs),
   // q = 128's (blocks of 40, groups of 200), a group cut in two (400 → 200 + 200), a graph law
   // (groups without the typed block), interval rows (stride 1), and blocks of 18 (leads 0..6).
   const PairCase cases[] = {
-      {"Q16", 20, 100, 512, false, 32, 2, 128, 24, 200, 16},
-      {"Q8", 40, 200, 512, false, 64, 1, 256, 40, 200, 8},
-      {"Q4", 40, 400, 256, false, 64, 1, 256, 40, 200, 4},
-      {"graph:4:0>1,1>2,2>3,3>0", 20, 100, 256, false, 64, 2, 128, 24, 200, 4},
-      {"Q16", 20, 100, 512, true, 32, 2, 128, 24, 200, 1},
-      {"Q8", 18, 24, 512, false, 64, 2, 128, 24, 48, 8},
+      {"Q16", 20, 100, 512, false, 32, 2, 128, 24, 200, 16, 16},
+      {"Q8", 40, 200, 512, false, 64, 1, 256, 40, 200, 8, 0},
+      {"Q4", 40, 400, 256, false, 64, 1, 256, 40, 200, 4, 0},
+      {"graph:4:0>1,1>2,2>3,3>0", 20, 100, 256, false, 64, 2, 128, 24, 200, 4, 16},
+      {"Q16", 20, 100, 512, true, 32, 2, 128, 24, 200, 1, 16},
+      {"Q8", 18, 24, 512, false, 64, 2, 128, 24, 48, 8, 16},
+      {"Q4", 40, 40, 256, false, 64, 2, 128, 40, 80, 4, 40},
   };
   for (const PairCase& c : cases) {
     const algebra::Law law = algebra::Law::parse(c.law);
@@ -489,6 +490,9 @@ TEST(AlgProjTiles, PairPlansReproduceTheFormula) {
     EXPECT_EQ(p.slot, c.slot);
     EXPECT_EQ(p.tile_cols, c.tile_cols);
     EXPECT_EQ(p.stride, c.stride);
+    EXPECT_EQ(p.own_gap, c.own_gap);
+    for (const ops::AlgPairTile& t : p.tiles)  // every tile's groups' own boxes lie that far apart
+      if (p.own_gap > 0) EXPECT_EQ((t.k_own[1] & ~7) - (t.k_own[0] & ~7), p.own_gap);
     Rng rng(41);
     const Tensor x = quiver::testing::random_tensor({c.M, widths.K()}, DType::F64, rng);
     const Tensor w = quiver::testing::random_tensor({widths.K(), widths.N()}, DType::F64, rng);

@@ -308,7 +308,8 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   }
   if (k.kind == AlgKernel::Kind::Pair) {
     const detail::AlgPairConfig& c = detail::kAlgPairConfigs[k.config];
-    return fmt::format("pair {}x{}g{} x{}{}", c.rows, c.groups, c.group_box, c.stages, c.lane_producer ? " lane-producer" : "");
+    return fmt::format("pair {}x{}g{} x{}{}{}", c.rows, c.groups, c.group_box, c.stages,
+                       c.lane_producer ? " lane-producer" : "", c.merged_own ? " merged" : "");
   }
   const detail::AlgKernelConfig& c = kernel_config(pass, k.config);
   return fmt::format("fused {}x{} k{}x{}{}{}{}", c.rows, c.cols, c.chunk, c.stages, c.packed ? " packed" : "",
@@ -394,9 +395,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   if (kernel.kind == AlgKernel::Kind::Pair) {
     const detail::AlgPairConfig& c = detail::kAlgPairConfigs[kernel.config];
     const ops::AlgPairPlan p = ops::plan_pair_pass(law_, widths_, types, c.rows, c.groups, c.group_box);
-    const bool built = std::find(std::begin(detail::kAlgPairSlots), std::end(detail::kAlgPairSlots), p.slot) !=
-                       std::end(detail::kAlgPairSlots);
-    if (!p.tiles.empty() && built && detail::alg_pair_smem(c, p.slot, p.tile_cols) <= detail::kAlgPairMaxSmem)
+    if (!p.tiles.empty() && detail::alg_pair_runs(c, p.slot, p.tile_cols, p.own_gap))
       d.pair = {p.stride, p.in, p.slot, p.tile_cols, p.group_cols};
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgPairTile));
     rows_at = tiles_at;  // no row list: a pair tile names its rows (row0, stride)
@@ -556,6 +555,9 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     t.x = tma_map_staging_bf16(const_cast<void*>(a.raw()), M, K(), K(), c.rows, d.pair.slot, d.pair.stride);
     t.w = tma_map_bf16(w.raw(), K(), N(), N(), d.pair.slot, 64);
     t.y = tma_map_staging_bf16(out.raw(), M, N(), N(), 32, d.pair.tile_cols, d.pair.stride);
+    if (c.merged_own)
+      t.x_own = tma_map_staging_bf16(const_cast<void*>(a.raw()), M, K(), K(), c.rows,
+                                     d.pair.slot + detail::kAlgPairOwnGap, d.pair.stride);
     t.tiles = static_cast<const ops::AlgPairTile*>(d.tiles);
     t.num_tiles = d.num_tiles;
     t.stride = d.pair.stride;
@@ -679,7 +681,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj18|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj19|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};

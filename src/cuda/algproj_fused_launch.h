@@ -249,30 +249,43 @@ struct AlgWeightReduceArgs {
 // (32 × 64 outputs each) compute them with mma.sync and store each warp row's 32 rows of the tile
 // by TMA from a double staging. The loads are issued by a producer warp, or with `lane_producer`
 // by lane 0 of consumer warp 0, kStages − 1 tiles ahead: 16 consumer warps then hold 128
-// registers a thread (with a 17th warp, 5 share a scheduler: 96).
+// registers a thread (with a 17th warp, 5 share a scheduler: 96). With `merged_own` (groups 2)
+// the tile's two own x blocks come in one box of slot + kAlgPairOwnGap columns, where the plan's
+// own_gap is kAlgPairOwnGap (Qwen3-32B at q = 256: blocks 2j and 2j + 1, 40 columns from 40 j).
 struct AlgPairConfig {
   int rows, groups, group_box, stages;
-  bool lane_producer;
+  bool lane_producer, merged_own;
 };
-constexpr AlgPairConfig kAlgPairConfigs[] = {{64, 2, 128, 3, false}, {64, 1, 256, 3, false}, {128, 2, 128, 2, true},
-                                             {64, 2, 128, 3, true},  {64, 1, 256, 3, true},  {128, 1, 256, 2, true}};
+constexpr AlgPairConfig kAlgPairConfigs[] = {
+    {64, 2, 128, 3, false, false}, {64, 1, 256, 3, false, false}, {128, 2, 128, 2, true, false},
+    {64, 2, 128, 3, true, false},  {64, 1, 256, 3, true, false},  {128, 1, 256, 2, true, false},
+    {128, 2, 128, 2, true, true},  {128, 2, 128, 3, true, true}};
 constexpr int kAlgPairConfigCount = sizeof(kAlgPairConfigs) / sizeof(kAlgPairConfigs[0]);
 // The x box widths (ops::AlgPairPlan::slot) the kernel is built for.
 constexpr int kAlgPairSlots[] = {24, 40};
+inline constexpr int kAlgPairOwnGap = 16;
 // Dynamic shared memory of a configuration at a plan's slot and tile columns: the ring (per
-// stage groups + 1 x boxes and 2 · groups W boxes of 128-byte-swizzled 64-column panels), the
-// two stagings and 1024 bytes of alignment. Above kAlgPairMaxSmem the configuration cannot run
-// the plan.
+// stage groups + 1 x boxes, or the merged own box and the typed box, and 2 · groups W boxes of
+// 128-byte-swizzled 64-column panels), the two stagings and 1024 bytes of alignment.
 constexpr size_t alg_pair_smem(const AlgPairConfig& c, int slot, int tile_cols) {
-  return size_t(c.stages) * (size_t(c.groups + 1) * c.rows * slot * 2 + size_t(2 * c.groups) * (c.group_box / 64) * slot * 128) +
+  const size_t x_cols = c.merged_own ? size_t(2 * slot + kAlgPairOwnGap) : size_t(c.groups + 1) * slot;
+  return size_t(c.stages) * (x_cols * c.rows * 2 + size_t(2 * c.groups) * (c.group_box / 64) * slot * 128) +
          2 * size_t(c.rows) * tile_cols * 2 + 1024;
 }
 inline constexpr size_t kAlgPairMaxSmem = 227 * 1024 - 1024;  // less the static barriers and headers
+// Whether a configuration runs a pair plan of this slot, tile columns and own gap: a slot it is
+// built for, shared memory within kAlgPairMaxSmem, and a merged box only at kAlgPairOwnGap.
+constexpr bool alg_pair_runs(const AlgPairConfig& c, int slot, int tile_cols, int own_gap) {
+  bool built = false;
+  for (int s : kAlgPairSlots) built = built || s == slot;
+  return built && alg_pair_smem(c, slot, tile_cols) <= kAlgPairMaxSmem && (!c.merged_own || own_gap == kAlgPairOwnGap);
+}
 
 struct AlgPairArgs {
   CUtensorMap x;  // x [M, K] as rows c1 + stride · c2, unswizzled boxes {slot, 1, rows}
   CUtensorMap w;  // W [K, N], 128-byte-swizzled boxes {64, slot}
   CUtensorMap y;  // y [M, N] as rows c1 + stride · c2, unswizzled boxes {tile_cols, 1, 32}
+  CUtensorMap x_own;  // merged_own configurations: x as `x`, boxes {slot + kAlgPairOwnGap, 1, rows}
   const ops::AlgPairTile* tiles;
   int num_tiles;
   int stride, in, slot, tile_cols, group_cols;
@@ -280,7 +293,7 @@ struct AlgPairArgs {
   int64_t ldc;
   bool accumulate;
 };
-// args.slot one of kAlgPairSlots and alg_pair_smem within kAlgPairMaxSmem (AlgProj checks).
+// alg_pair_runs holds for the configuration and args (AlgProj checks).
 void launch_algproj_pair(const AlgPairArgs& args, int config, cudaStream_t stream);
 
 // The row pass; a plan with splits needs launch_algproj_reduce after it.

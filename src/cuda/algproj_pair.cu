@@ -11,13 +11,16 @@
 // rows, slot columns from the 8-column boundary at or below each block's first column: its own
 // blocks and the typed block) and, per group, W's rows of its own block and of the typed block at
 // the group's columns, in 128-byte-swizzled panels of 64 columns (conflict-free ldmatrix.trans).
+// In the merged configurations the two groups' own blocks come in one x box instead, group 1's
+// kAlgPairOwnGap columns after group 0's.
 //
 // In the lane-producer configurations lane 0 of consumer warp 0 does the producer's work instead:
 // it fills the ring first, and at each later tile refills the stage of the tile before.
 //
 // Consumer warps own 32 rows × one 64-column panel of one group (warp rows of groups · panels
-// warps). A warp's reduction runs over 2 · slot positions, its own block's box then the typed
-// block's, in k16 steps of mma.sync m16n8k16 whose 8-column halves each lie in one box; the A
+// warps). A warp's reduction runs over 2 · slot positions in slot / 8 k16 steps of mma.sync
+// m16n8k16, step st taking its first 8 positions from its own block's box (chunk st) and its last
+// 8 from the typed block's (chunk st), so that each lane reads one box at one pitch; the A
 // fragments at positions outside a box's block (the neighbouring blocks' columns that the box
 // starts early or ends late with), and the whole typed box where the group does not reduce over
 // it, are zeroed in registers, so only the law's products count. Then the warp releases the
@@ -79,13 +82,21 @@ struct PairLayout {
   static constexpr int kConsumerWarps = BM / 32 * kRowWarps;
   static constexpr bool kLaneProducer = cfg.lane_producer;
   static constexpr int kThreads = 32 * (kConsumerWarps + (kLaneProducer ? 0 : 1));
-  static constexpr uint32_t kXBox = BM * S * 2;   // bytes of one x box
-  static constexpr uint32_t kPanel = S * 128;     // bytes of one W panel: S rows of 64 columns
-  static constexpr uint32_t kStageX = (G + 1) * kXBox;
+  static constexpr bool kMerged = cfg.merged_own;
+  static constexpr int kOwnCols = kMerged ? S + kAlgPairOwnGap : S;  // columns of an own box
+  static constexpr uint32_t kXBox = BM * S * 2;                      // bytes of one x box
+  static constexpr uint32_t kOwnBox = BM * kOwnCols * 2;             // bytes of the (merged) own box
+  static constexpr uint32_t kPanel = S * 128;  // bytes of one W panel: S rows of 64 columns
+  // The stage's x boxes: merged, the own box then the typed box; else group 0's own box, the
+  // typed box, group 1's own box.
+  static constexpr uint32_t kStageX = kMerged ? kOwnBox + kXBox : (G + 1) * kXBox;
+  static constexpr uint32_t kTypedAt = kMerged ? kOwnBox : kXBox;
   static constexpr uint32_t kStageW = 2 * G * kPanels * kPanel;
-  static constexpr int kSteps = 2 * S / 16;  // k16 steps over the own and the typed box
-  static_assert(BM % 32 == 0 && cfg.group_box % 64 == 0 && S % 16 == 8, "warps of 32 × 64; odd multiples of 8");
-  static_assert(kPanel % 1024 == 0 && kXBox % 128 == 0, "swizzled panels on 1024-byte boundaries");
+  static constexpr int kSteps = S / 8;  // k16 steps: 8 positions of the own box and 8 of the typed box
+  static_assert(BM % 32 == 0 && cfg.group_box % 64 == 0 && S % 16 == 8 && kOwnCols % 16 == 8,
+                "warps of 32 × 64; boxes of odd multiples of 8 columns");
+  static_assert(!kMerged || G == 2, "a merged own box holds two groups' blocks");
+  static_assert(kPanel % 1024 == 0 && kXBox % 128 == 0 && kOwnBox % 128 == 0, "swizzled panels on 1024-byte boundaries");
 };
 
 template <int C, int S>
@@ -120,9 +131,14 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
     tma::arrive_expect(&full[stage], L::kStageX + L::kStageW);
     const int c1 = t.row0 % p.stride, c2 = t.row0 / p.stride;
     const uint32_t xs = x_ring + stage * L::kStageX, ws = w_ring + stage * L::kStageW;
+    if constexpr (L::kMerged) {
+      tma::load_3d(at(xs), &p.x_own, &full[stage], t.k_own[0] & ~7, c1, c2);
+      tma::load_3d(at(xs + L::kTypedAt), &p.x, &full[stage], t.k_typed & ~7, c1, c2);
+    } else {
 #pragma unroll
-    for (int b = 0; b <= G; ++b)  // own block of group 0, the typed block, own block of group 1
-      tma::load_3d(at(xs + b * L::kXBox), &p.x, &full[stage], (b == 1 ? t.k_typed : t.k_own[b / 2]) & ~7, c1, c2);
+      for (int b = 0; b <= G; ++b)  // own block of group 0, the typed block, own block of group 1
+        tma::load_3d(at(xs + b * L::kXBox), &p.x, &full[stage], (b == 1 ? t.k_typed : t.k_own[b / 2]) & ~7, c1, c2);
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -158,16 +174,19 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
   const int wr = warp / L::kRowWarps, g = warp / kPanels % G, pn = warp % kPanels;
   const int grp = lane >> 2, tig = lane & 3;
   // This lane's ldmatrix addresses within a stage, per k16 step: A, row wr·32 + (lane & 15) at
-  // position 16 st + 8 (lane >> 4); B, position 16 st + (lane & 7) + 8 ((lane >> 3) & 1) of the
-  // panel, the 16-byte chunk ni + (lane >> 4) swizzled by the row (b_col, per pair of n8 tiles).
-  const uint32_t x_own = (G == 2 && g == 1 ? 2 : 0) * L::kXBox, x_typed = L::kXBox;
+  // position 8 st of the own box (lanes 0-15) or the typed box (16-31), mi's rows 16 rows on (a_mi);
+  // B, row 8 st + (lane & 7) of the own (lane bit 3 clear) or the typed panel, the 16-byte chunk
+  // ni + (lane >> 4) swizzled by the row (b_col, per pair of n8 tiles).
+  const bool a_typed = lane >> 4;
+  const int own_at = L::kMerged ? 2 * kAlgPairOwnGap * g : (G == 2 && g == 1 ? 2 : 0) * L::kXBox;
+  const int a_pitch = 2 * (a_typed ? S : L::kOwnCols);
+  const uint32_t a_base = (a_typed ? L::kTypedAt : own_at) + (wr * 32 + (lane & 15)) * a_pitch;
+  const uint32_t a_mi = 16 * a_pitch;
   uint32_t a_off[kSteps], b_off[kSteps], b_col[4];
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) {
-    const int pa = 16 * st + 8 * (lane >> 4);
-    a_off[st] = (pa < S ? x_own + 2 * pa : x_typed + 2 * (pa - S)) + (wr * 32 + (lane & 15)) * S * 2;
-    const int pb = 16 * st + (lane & 7) + 8 * ((lane >> 3) & 1);
-    b_off[st] = ((2 * g + (pb < S ? 0 : 1)) * kPanels + pn) * L::kPanel + (pb < S ? pb : pb - S) * 128;
+    a_off[st] = a_base + 16 * st;
+    b_off[st] = ((2 * g + ((lane >> 3) & 1)) * kPanels + pn) * L::kPanel + (8 * st + (lane & 7)) * 128;
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) b_col[j] = ((2 * j + (lane >> 4)) ^ (lane & 7)) << 4;
@@ -190,13 +209,14 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
     const int row0 = h.row0, col0 = h.col0, lead_own = h.k_own[g] & 7, lead_typed = h.k_typed & 7;
     const bool typed = (h.typed >> g) & 1;
     const int col_at = h.w_col[g] - col0, lo = h.shift[g];  // tile column of box column 0; the group's first
-    // Bit v: this lane's positions 8 v + 2 tig, + 1 lie in a block the group reduces over.
+    // Bits 2 c and 2 c + 1: this lane's positions 8 c + 2 tig, + 1 of the own box (from the
+    // group's 8-column boundary) and of the typed box lie in a block the group reduces over.
     uint32_t mask = 0;
 #pragma unroll
-    for (int v = 0; v < 2 * S / 8; ++v) {
-      const bool own = 8 * v < S;
-      const int o = (own ? 8 * v : 8 * v - S) + 2 * tig, lead = own ? lead_own : lead_typed;
-      if (o >= lead && o < lead + p.in && (own || typed)) mask |= 1u << v;
+    for (int c = 0; c < kSteps; ++c) {
+      const int o = 8 * c + 2 * tig;
+      if (o >= lead_own && o < lead_own + p.in) mask |= 1u << (2 * c);
+      if (typed && o >= lead_typed && o < lead_typed + p.in) mask |= 2u << (2 * c);
     }
     float acc[2][8][4] = {};
     const uint32_t xs = x_ring + stage * L::kStageX, ws = w_ring + stage * L::kStageW;
@@ -205,7 +225,7 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        ldsm_x4(a[mi], xs + a_off[st] + mi * 16 * S * 2);
+        ldsm_x4(a[mi], xs + a_off[st] + mi * a_mi);
         if (!((mask >> (2 * st)) & 1)) a[mi][0] = a[mi][1] = 0;
         if (!((mask >> (2 * st + 1)) & 1)) a[mi][2] = a[mi][3] = 0;
       }

@@ -546,6 +546,12 @@ AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& 
   out.slot = static_cast<int>(slot);
   out.group_cols = static_cast<int>(cols);
   out.tile_cols = static_cast<int>(groups * cols);
+  if (groups == 2) {
+    int64_t gap = (k_off[1] & ~int64_t{7}) - (k_off[0] & ~int64_t{7});
+    for (int d = 2; d < q; d += 2)
+      if ((k_off[d + 1] & ~int64_t{7}) - (k_off[d] & ~int64_t{7}) != gap) gap = 0;
+    out.own_gap = static_cast<int>(gap);
+  }
   for (int a = 0; a < q; ++a)
     for (size_t i = 0; i < rows_of[a].size(); i += tile_rows)
       for (int d = 0; d < q; d += groups)

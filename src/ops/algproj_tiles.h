@@ -190,6 +190,8 @@ struct AlgPairPlan {
   int slot = 0;        // columns of an x box: the least odd multiple of 8 holding lead + in for every block
   int tile_cols = 0;   // output columns of a tile (groups · group_cols)
   int group_cols = 0;  // output columns of each group in a tile
+  int own_gap = 0;     // groups 2: columns from group 0's own x box to group 1's, the same in every
+                       // tile (0: they differ, or groups 1); a kernel may then load both in one box
   int64_t macs = 0;
   std::string why_not;  // no tiles: the condition that fails
 };

@@ -449,10 +449,7 @@ TEST(GpuAlgProj, PairKernelEveryConfig) {
           if (cfg.rows != rows) continue;
           const ops::AlgPairPlan plan =
               ops::plan_pair_pass(law, widths_of(pc.c, law.q()), types, cfg.rows, cfg.groups, cfg.group_box);
-          const bool built = plan.slot == 24 || plan.slot == 40;
-          if (plan.tiles.empty() || !built ||
-              cuda::detail::alg_pair_smem(cfg, plan.slot, plan.tile_cols) > cuda::detail::kAlgPairMaxSmem)
-            continue;
+          if (plan.tiles.empty() || !cuda::detail::alg_pair_runs(cfg, plan.slot, plan.tile_cols, plan.own_gap)) continue;
           ++ran[c];
           sets.push_back({AlgKernel{AlgKernel::Kind::Pair, c}, fused(0), fused(0)});
         }
