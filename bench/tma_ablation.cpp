@@ -8,7 +8,8 @@
 //
 //   quiver_tma_ablation[_<parts>] K N q M CONFIG...
 //
-// For Q_q with equal groups and cyclic rows, each configuration (an index of kAlgTmaConfigs)
+// For Q_q with equal groups and cyclic rows, each configuration (an index of kAlgTmaConfigs, or
+// p and an index of kAlgPairConfigs for the pair kernel, which the ablations leave as it is)
 // pinned in turn: the median and the minimum of 15 batches of 50 back-to-back forwards.
 #include <cuda_runtime.h>
 
@@ -49,12 +50,14 @@ int main(int argc, char** argv) {
     QV_CUDA_CHECK(cudaEventCreate(&a));
     QV_CUDA_CHECK(cudaEventCreate(&b));
     for (int arg = 5; arg < argc; ++arg) {
-      const int config = std::atoi(argv[arg]);
-      if (config < 0 || config >= cuda::detail::kAlgTmaConfigCount) {
-        std::fprintf(stderr, "no TMA configuration %s (0 .. %d)\n", argv[arg], cuda::detail::kAlgTmaConfigCount - 1);
+      const bool pair = argv[arg][0] == 'p';
+      const int config = std::atoi(argv[arg] + (pair ? 1 : 0));
+      const int count = pair ? cuda::detail::kAlgPairConfigCount : cuda::detail::kAlgTmaConfigCount;
+      if (config < 0 || config >= count) {
+        std::fprintf(stderr, "no %s configuration %s (0 .. %d)\n", pair ? "pair" : "TMA", argv[arg], count - 1);
         return 2;
       }
-      const cuda::AlgKernel k{cuda::AlgKernel::Kind::Tma, config};
+      const cuda::AlgKernel k{pair ? cuda::AlgKernel::Kind::Pair : cuda::AlgKernel::Kind::Tma, config};
       gpu.set_kernels({k, std::nullopt, std::nullopt});
       gpu.forward(x, w, types, y);  // the plan, once
       QV_CUDA_CHECK(cudaDeviceSynchronize());

@@ -131,12 +131,12 @@ for step in "${steps[@]}"; do
         mkdir -p "$out/ncu-kernel-cache"
         QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj-calibrate "${app[@]}"
         QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj "$ncu_bin" --clock-control none \
-          -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel)' -c 3 --section SpeedOfLight \
+          -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel|pair_kernel)' -c 3 --section SpeedOfLight \
           --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
           --print-details all "${app[@]}"
         # The byte counts of docs/decisions.md's row-pass entries: DRAM, L2 -> L1, L2 write sectors.
         QUIVER_CACHE_DIR="$out/ncu-kernel-cache" run ncu-algproj-bytes "$ncu_bin" --clock-control none \
-          -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel)' -c 3 --metrics \
+          -k 'regex:^algproj_(kernel|tma_kernel|rows_kernel|pair_kernel)' -c 3 --metrics \
           dram__bytes_read.sum,dram__bytes_write.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum \
           "${app[@]}"
         grep -hE '^  [a-z].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|dram__|lts__|l1tex__' \
