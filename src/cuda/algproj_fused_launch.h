@@ -259,7 +259,7 @@ struct AlgPairConfig {
 constexpr AlgPairConfig kAlgPairConfigs[] = {
     {64, 2, 128, 3, false, false}, {64, 1, 256, 3, false, false}, {128, 2, 128, 2, true, false},
     {64, 2, 128, 3, true, false},  {64, 1, 256, 3, true, false},  {128, 1, 256, 2, true, false},
-    {128, 2, 128, 2, true, true},  {128, 2, 128, 3, true, true}};
+    {128, 2, 128, 2, true, true}};
 constexpr int kAlgPairConfigCount = sizeof(kAlgPairConfigs) / sizeof(kAlgPairConfigs[0]);
 // The x box widths (ops::AlgPairPlan::slot) the kernel is built for.
 constexpr int kAlgPairSlots[] = {24, 40};
