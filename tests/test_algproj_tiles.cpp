@@ -468,7 +468,8 @@ TEST(AlgProjTiles, PairPlansReproduceTheFormula) {
   };
   // Qwen3-32B's q = 256 in miniature (blocks of 20 at leads 0 and 4, groups of 100 in pairs),
   // q = 128's (blocks of 40, groups of 200), a group cut in two (400 → 200 + 200), a graph law
-  // (groups without the typed block), interval rows (stride 1), and blocks of 18 (leads 0..6).
+  // (groups without the typed block), interval rows (stride 1), blocks of 18 (leads 0..6), and
+  // pairs of groups whose own blocks lie 40 columns apart (own_gap 40, no merged box).
   const PairCase cases[] = {
       {"Q16", 20, 100, 512, false, 32, 2, 128, 24, 200, 16, 16},
       {"Q8", 40, 200, 512, false, 64, 1, 256, 40, 200, 8, 0},

@@ -46,16 +46,6 @@
 namespace quiver::cuda::detail {
 namespace {
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // Four 4-byte shared stores if `on` (predicated: no branch).
 __device__ __forceinline__ void sts4_b32_if(const uint32_t (&addr)[4], const uint32_t (&v)[4], uint32_t on) {
   asm volatile(
@@ -225,14 +215,14 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        ldsm_x4(a[mi], xs + a_off[st] + mi * a_mi);
+        ldmatrix_x4(a[mi], xs + a_off[st] + mi * a_mi);
         if (!((mask >> (2 * st)) & 1)) a[mi][0] = a[mi][1] = 0;
         if (!((mask >> (2 * st + 1)) & 1)) a[mi][2] = a[mi][3] = 0;
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t b[4];
-        ldsm_x4_trans(b, ws + b_off[st] + b_col[j]);
+        ldmatrix_x4_trans(b, ws + b_off[st] + b_col[j]);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           mma_bf16(acc[mi][2 * j], a[mi], b[0], b[1]);
