@@ -494,6 +494,21 @@ TEST(AlgProjTiles, PairPlansReproduceTheFormula) {
     EXPECT_EQ(p.own_gap, c.own_gap);
     for (const ops::AlgPairTile& t : p.tiles)  // every tile's groups' own boxes lie that far apart
       if (p.own_gap > 0) EXPECT_EQ((t.k_own[1] & ~7) - (t.k_own[0] & ~7), p.own_gap);
+    // Segments: exactly the tiles starting on a 64-column boundary, then the end; a tile that does
+    // not start one continues its predecessor's row.
+    std::vector<int32_t> starts;
+    for (size_t i = 0; i < p.tiles.size(); ++i) {
+      const ops::AlgPairTile& t = p.tiles[i];
+      if (t.col0 % 64 == 0) {
+        starts.push_back(static_cast<int32_t>(i));
+      } else {
+        ASSERT_GT(i, 0u);
+        EXPECT_EQ(t.row0, p.tiles[i - 1].row0);
+        EXPECT_EQ(t.col0, p.tiles[i - 1].col0 + p.tile_cols);
+      }
+    }
+    starts.push_back(static_cast<int32_t>(p.tiles.size()));
+    EXPECT_EQ(p.segments, starts);
     Rng rng(41);
     const Tensor x = quiver::testing::random_tensor({c.M, widths.K()}, DType::F64, rng);
     const Tensor w = quiver::testing::random_tensor({widths.K(), widths.N()}, DType::F64, rng);

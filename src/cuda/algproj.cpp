@@ -396,9 +396,9 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     const detail::AlgPairConfig& c = detail::kAlgPairConfigs[kernel.config];
     const ops::AlgPairPlan p = ops::plan_pair_pass(law_, widths_, types, c.rows, c.groups, c.group_box);
     if (!p.tiles.empty() && detail::alg_pair_runs(c, p.slot, p.tile_cols, p.own_gap))
-      d.pair = {p.stride, p.in, p.slot, p.tile_cols, p.group_cols};
+      d.pair = {p.stride, p.in, p.slot, p.tile_cols, p.group_cols, static_cast<int>(p.segments.size()) - 1};
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgPairTile));
-    rows_at = tiles_at;  // no row list: a pair tile names its rows (row0, stride)
+    rows_at = append(p.segments.data(), p.segments.size() * sizeof(int32_t));  // a pair tile names its rows
     d.num_tiles = static_cast<int>(p.tiles.size());
   } else if (pass == ops::AlgPass::DW) {
     // The split candidate: long lists, and every list where there are fewer than four tiles
@@ -554,12 +554,15 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     detail::AlgPairArgs t{};
     t.x = tma_map_staging_bf16(const_cast<void*>(a.raw()), M, K(), K(), c.rows, d.pair.slot, d.pair.stride);
     t.w = tma_map_bf16(w.raw(), K(), N(), N(), d.pair.slot, 64);
-    t.y = tma_map_staging_bf16(out.raw(), M, N(), N(), 32, d.pair.tile_cols, d.pair.stride);
+    t.y = tma_map_staging_bf16(out.raw(), M, N(), N(), 32, 64, d.pair.stride, true);
     if (c.merged_own)
       t.x_own = tma_map_staging_bf16(const_cast<void*>(a.raw()), M, K(), K(), c.rows,
                                      d.pair.slot + detail::kAlgPairOwnGap, d.pair.stride);
     t.tiles = static_cast<const ops::AlgPairTile*>(d.tiles);
     t.num_tiles = d.num_tiles;
+    t.segments = d.rows;
+    t.num_segments = d.pair.segments;
+    t.n = static_cast<int>(N());
     t.stride = d.pair.stride;
     t.in = d.pair.in;
     t.slot = d.pair.slot;

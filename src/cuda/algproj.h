@@ -188,6 +188,7 @@ class AlgProj {
     // The pair kernel's plan (ops::AlgPairPlan without its tiles); stride 0: it cannot run it.
     struct PairShape {
       int stride = 0, in = 0, slot = 0, tile_cols = 0, group_cols = 0;
+      int segments = 0;  // ops::AlgPairPlan::segments less its end (the list is at DevicePlan::rows)
     } pair;
     const void* chunks = nullptr;  // the TMA weight pass's ops::AlgWeightChunk and tile_begin
     const int32_t* tile_begin = nullptr;

@@ -246,8 +246,12 @@ struct AlgWeightReduceArgs {
 // The pair kernel (algproj_pair.cu, forward only): tiles of a pair plan (ops::plan_pair_pass),
 // `rows` rows × `groups` output groups (or one part of a group) of `group_box` W columns each,
 // loaded by TMA into a ring of `stages`; rows / 32 · groups · group_box / 64 consumer warps
-// (32 × 64 outputs each) compute them with mma.sync and store each warp row's 32 rows of the tile
-// by TMA from a double staging. The loads are issued by a producer warp, or with `lane_producer`
+// (32 × 64 outputs each) compute them with mma.sync and lay each warp row's 32 rows of the tile out
+// in a staging of 8 panels of 64 columns, used round (column c in panel c / 64 mod 8), from which
+// whole 64-column boxes go out by TMA: each block takes the tiles of a range of the plan's
+// segments in order, so the columns of a box that a tile leaves unfinished are finished by the
+// block's next tile, and no 128-byte line of y is written in part (a part-written line costs the
+// memory a read: docs/decisions.md). The loads are issued by a producer warp, or with `lane_producer`
 // by lane 0 of consumer warp 0, kStages − 1 tiles ahead: 16 consumer warps then hold 128
 // registers a thread (with a 17th warp, 5 share a scheduler: 96). With `merged_own` (groups 2)
 // the tile's two own x blocks come in one box of slot + kAlgPairOwnGap columns, where the plan's
@@ -264,30 +268,56 @@ constexpr int kAlgPairConfigCount = sizeof(kAlgPairConfigs) / sizeof(kAlgPairCon
 // The x box widths (ops::AlgPairPlan::slot) the kernel is built for.
 constexpr int kAlgPairSlots[] = {24, 40};
 inline constexpr int kAlgPairOwnGap = 16;
-// Dynamic shared memory of a configuration at a plan's slot and tile columns: the ring (per
-// stage groups + 1 x boxes, or the merged own box and the typed box, and 2 · groups W boxes of
-// 128-byte-swizzled 64-column panels), the two stagings and 1024 bytes of alignment.
-constexpr size_t alg_pair_smem(const AlgPairConfig& c, int slot, int tile_cols) {
+// The staging's panels of 64 columns a warp row, used round: a tile's columns, the columns before
+// them that the last tile left unfinished (up to 63) and those of the last tile's stores, which may
+// still be reading, lie in 8 consecutive panels while a tile has at most kAlgPairMaxTileCols.
+inline constexpr int kAlgPairStagingPanels = 8;
+inline constexpr int kAlgPairMaxTileCols = 224;
+// The staging panel of y's column c.
+__host__ __device__ constexpr int alg_pair_panel(int c) { return (c >> 6) & (kAlgPairStagingPanels - 1); }
+// The columns of y whose 64-column boxes a pair tile stores, [begin, end): from the 64-column
+// boundary at or below its first column (the columns before that the block's last tile left) to
+// the boundary at or below its end, or, a row's last tile, through the row's end (n).
+struct AlgPairStores {
+  int begin, end;
+};
+__host__ __device__ constexpr AlgPairStores alg_pair_stores(int col0, int tile_cols, int n) {
+  return {col0 & ~63, col0 + tile_cols >= n ? n : (col0 + tile_cols) & ~63};
+}
+// Block b of G takes the plan's tiles [segments[b · S / G], segments[(b + 1) · S / G]) (S
+// segments): this is the first.
+__host__ __device__ inline int alg_pair_first_tile(const int32_t* segments, int num_segments, int block, int blocks) {
+  return segments[static_cast<int64_t>(block) * num_segments / blocks];
+}
+// Dynamic shared memory of a configuration at a plan's slot: the ring (per stage groups + 1 x
+// boxes, or the merged own box and the typed box, and 2 · groups W boxes of 128-byte-swizzled
+// 64-column panels), the staging and 1024 bytes of alignment.
+constexpr size_t alg_pair_smem(const AlgPairConfig& c, int slot) {
   const size_t x_cols = c.merged_own ? size_t(2 * slot + kAlgPairOwnGap) : size_t(c.groups + 1) * slot;
   return size_t(c.stages) * (x_cols * c.rows * 2 + size_t(2 * c.groups) * (c.group_box / 64) * slot * 128) +
-         2 * size_t(c.rows) * tile_cols * 2 + 1024;
+         size_t(c.rows) * kAlgPairStagingPanels * 64 * 2 + 1024;
 }
 inline constexpr size_t kAlgPairMaxSmem = 227 * 1024 - 1024;  // less the static barriers and headers
 // Whether a configuration runs a pair plan of this slot, tile columns and own gap: a slot it is
-// built for, shared memory within kAlgPairMaxSmem, and a merged box only at kAlgPairOwnGap.
+// built for, shared memory within kAlgPairMaxSmem, tiles of at most kAlgPairMaxTileCols, and a
+// merged box only at kAlgPairOwnGap.
 constexpr bool alg_pair_runs(const AlgPairConfig& c, int slot, int tile_cols, int own_gap) {
   bool built = false;
   for (int s : kAlgPairSlots) built = built || s == slot;
-  return built && alg_pair_smem(c, slot, tile_cols) <= kAlgPairMaxSmem && (!c.merged_own || own_gap == kAlgPairOwnGap);
+  return built && alg_pair_smem(c, slot) <= kAlgPairMaxSmem && tile_cols <= kAlgPairMaxTileCols &&
+         (!c.merged_own || own_gap == kAlgPairOwnGap);
 }
 
 struct AlgPairArgs {
   CUtensorMap x;  // x [M, K] as rows c1 + stride · c2, unswizzled boxes {slot, 1, rows}
   CUtensorMap w;  // W [K, N], 128-byte-swizzled boxes {64, slot}
-  CUtensorMap y;  // y [M, N] as rows c1 + stride · c2, unswizzled boxes {tile_cols, 1, 32}
+  CUtensorMap y;  // y [M, N] as rows c1 + stride · c2, 128-byte-swizzled boxes {64, 1, 32}
   CUtensorMap x_own;  // merged_own configurations: x as `x`, boxes {slot + kAlgPairOwnGap, 1, rows}
   const ops::AlgPairTile* tiles;
   int num_tiles;
+  const int32_t* segments;  // ops::AlgPairPlan::segments: num_segments starts, then num_tiles
+  int num_segments;
+  int n;  // y's columns
   int stride, in, slot, tile_cols, group_cols;
   uint16_t* c;  // y itself, for accumulate
   int64_t ldc;

@@ -5,7 +5,8 @@
 // make such tiles short: the kernel is built so that a tile costs little more than its products
 // and its output's store.
 //
-// One producer warp (its lane 0) walks the block's tiles (blockIdx.x, + gridDim.x, ...): per tile
+// Block b takes the tiles from segment b · S / G of the plan to segment (b + 1) · S / G (S segments,
+// G blocks), in order. One producer warp (its lane 0) walks them: per tile
 // it waits for a free stage of the ring, copies the tile's record into the stage's header, arms the
 // stage's full barrier with its bytes and issues its TMA loads: groups + 1 boxes of x (the tile's
 // rows, slot columns from the 8-column boundary at or below each block's first column: its own
@@ -24,8 +25,10 @@
 // fragments at positions outside a box's block (the neighbouring blocks' columns that the box
 // starts early or ends late with), and the whole typed box where the group does not reduce over
 // it, are zeroed in registers, so only the law's products count. Then the warp releases the
-// stage, and each warp row lays its 32 rows of the tile out in bf16 in one of two stagings and
-// stores them as one TMA box, while the next tile's products run.
+// stage, and each warp row lays its 32 rows of the tile out in bf16 in its staging, 8 panels of 64
+// columns (128-byte swizzled) used round, and stores each 64-column box that the tile finishes (the
+// tile before, the same block's, left the box's first columns there), while the next tile's products
+// run. A row's last tile stores through its end.
 //
 // W's columns next to a group's (a box starts up to 7 columns before it, and a panel may run past
 // it) give products in accumulators that are never stored; x's columns next to a block meet zeros.
@@ -86,17 +89,20 @@ struct PairLayout {
   static_assert(BM % 32 == 0 && cfg.group_box % 64 == 0 && S % 16 == 8 && kOwnCols % 16 == 8,
                 "warps of 32 × 64; boxes of odd multiples of 8 columns");
   static_assert(!kMerged || G == 2, "a merged own box holds two groups' blocks");
-  static_assert(kPanel % 1024 == 0 && kXBox % 128 == 0 && kOwnBox % 128 == 0, "swizzled panels on 1024-byte boundaries");
+  static_assert(kPanel % 1024 == 0 && kXBox % 128 == 0 && kOwnBox % 128 == 0 && kStageX % 1024 == 0,
+                "swizzled panels on 1024-byte boundaries");
+  static constexpr uint32_t kStagingPanel = 32 * 128;  // 32 rows × 64 columns
+  static constexpr uint32_t kStagingRow = kAlgPairStagingPanels * kStagingPanel;  // a warp row's panels
 };
 
 template <int C, int S>
 __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_kernel(const __grid_constant__ AlgPairArgs p) {
   using L = PairLayout<C, S>;
-  constexpr int BM = L::BM, G = L::G, kStages = L::kStages, kPanels = L::kPanels, kSteps = L::kSteps;
+  constexpr int G = L::G, kStages = L::kStages, kPanels = L::kPanels, kSteps = L::kSteps;
   extern __shared__ uint8_t smem[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   __shared__ ops::AlgPairTile header[kStages];
-  // The ring's W panels (1024-byte aligned for the 128-byte swizzle), its x boxes, the stagings.
+  // The ring's W panels (1024-byte aligned for the 128-byte swizzle), its x boxes, the staging.
   const uint32_t raw = smem_addr(smem);
   const uint32_t w_ring = (raw + 1023) & ~1023u;
   const uint32_t x_ring = w_ring + kStages * L::kStageW;
@@ -114,6 +120,9 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
   __syncthreads();
   pdl_trigger();  // a programmatic dependent (block_launch.cuh): the plan before, x, W and y after
   pdl_wait();
+  // This block's tiles [first, last).
+  const int first = alg_pair_first_tile(p.segments, p.num_segments, blockIdx.x, gridDim.x);
+  const int last = alg_pair_first_tile(p.segments, p.num_segments, blockIdx.x + 1, gridDim.x);
 
   // A tile's record into a stage's header, and its boxes into the stage.
   auto issue = [&](const ops::AlgPairTile& t, int stage) {
@@ -143,16 +152,16 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
   ops::AlgPairTile next{};
   if constexpr (L::kLaneProducer) {
     if (tid == 0) {
-      int tile = blockIdx.x;
-      for (int s = 0; s < kStages && tile < p.num_tiles; ++s, tile += gridDim.x) issue(p.tiles[tile], s);
-      if (tile < p.num_tiles) next = p.tiles[tile];
+      int tile = first;
+      for (int s = 0; s < kStages && tile < last; ++s, ++tile) issue(p.tiles[tile], s);
+      if (tile < last) next = p.tiles[tile];
     }
   } else if (warp == L::kConsumerWarps) {  // the producer warp
     if (lane != 0) return;
-    next = blockIdx.x < p.num_tiles ? p.tiles[blockIdx.x] : ops::AlgPairTile{};
-    for (int tile = blockIdx.x, n = 0; tile < p.num_tiles; tile += gridDim.x, ++n) {
+    next = first < last ? p.tiles[first] : ops::AlgPairTile{};
+    for (int tile = first, n = 0; tile < last; ++tile, ++n) {
       const ops::AlgPairTile t = next;
-      if (tile + gridDim.x < p.num_tiles) next = p.tiles[tile + gridDim.x];
+      if (tile + 1 < last) next = p.tiles[tile + 1];
       const int stage = n % kStages;
       if (n >= kStages) tma::wait(&empty[stage], ((n / kStages) & 1) ^ 1);
       issue(t, stage);
@@ -183,14 +192,14 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
   const bool row_leader = warp % L::kRowWarps == 0;  // its lane 0 issues the warp row's stores
   const bool storer = row_leader && lane == 0;
 
-  for (int tile = blockIdx.x, n = 0; tile < p.num_tiles; tile += gridDim.x, ++n) {
+  for (int tile = first, n = 0; tile < last; ++tile, ++n) {
     if constexpr (L::kLaneProducer) {
-      const int refill = tile + (kStages - 1) * gridDim.x;  // tile n − 1 + kStages
-      if (tid == 0 && n >= 1 && refill < p.num_tiles) {
+      const int refill = tile + kStages - 1;  // tile n − 1 + kStages
+      if (tid == 0 && n >= 1 && refill < last) {
         const int s = (n - 1) % kStages;
         tma::wait(&empty[s], ((n - 1) / kStages) & 1);  // every warp has read tile n − 1
         issue(next, s);
-        if (refill + gridDim.x < p.num_tiles) next = p.tiles[refill + gridDim.x];
+        if (refill + 1 < last) next = p.tiles[refill + 1];
       }
     }
     const int stage = n % kStages;
@@ -258,37 +267,53 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
         }
     }
 
-    // The warp row's 32 rows into staging n % 2, then out as one box. Barrier 2 wr + 1: the storer
-    // says the staging is free (its store two tiles ago has read it), the others wait for that;
-    // barrier 2 wr + 2: the others say their part is written, the storer waits for that.
-    const uint32_t sc = staging + ((n & 1) * BM + wr * 32) * p.tile_cols * 2;
+    // The warp row's 32 rows into its staging, then out. Barrier 2 wr + 1: the storer says the
+    // panels this tile writes are free, the others wait for that; barrier 2 wr + 2: the others say
+    // their part is written, the storer waits for that. Within a row the panels of this tile, of the
+    // columns the last tile left and of the last tile's stores are 8 at most (kAlgPairMaxTileCols),
+    // so only older stores must have read; a row's first tile waits for all.
+    const uint32_t sc = staging + wr * L::kStagingRow;
     const int free_bar = 1 + 2 * wr, full_bar = 2 + 2 * wr, row_threads = 32 * L::kRowWarps;
     if (row_leader) {
-      if (lane == 0) bulk_wait_read_all_but_last();
+      if (lane == 0) {
+        if (col0 == 0)
+          bulk_wait_read();
+        else
+          bulk_wait_read_all_but_last();
+      }
       __syncwarp();
       named_arrive(free_bar, row_threads);
     } else {
       named_sync(free_bar, row_threads);
     }
-    // Per n8 tile, its four stores (rows grp + 8 (2 mi + hh)) under one predicate.
-    const uint32_t row_at = sc + (grp * p.tile_cols + tc0) * 2, row8 = 8 * p.tile_cols * 2;
+    // Per n8 tile (y's columns c to c + 8: panel c / 64 mod 8, 16-byte chunk (c mod 64) / 8
+    // swizzled by the row, grp), its four stores (rows grp + 8 (2 mi + hh)) under one predicate.
+    // y's column of n8 tile 0 (not from the header: the stage is released, its header may be refilled).
+    const int c_at = col0 + col_at + pn * 64;
+    const uint32_t row_at = sc + grp * 128 + tig * 4;
 #pragma unroll
     for (int ni = 0; ni < 8; ++ni) {
+      const int c = c_at + ni * 8;
+      const uint32_t at_c = row_at + alg_pair_panel(c) * L::kStagingPanel +
+                            ((((c & 63) >> 3) ^ grp) << 4);
       uint32_t addr[4], v[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int mi = r / 2, hh = r % 2;
         const __nv_bfloat162 o = __floats2bfloat162_rn(acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]);
         v[r] = *reinterpret_cast<const uint32_t*>(&o);
-        addr[r] = row_at + r * row8 + ni * 16;
+        addr[r] = at_c + r * 8 * 128;
       }
       sts4_b32_if(addr, v, (cols_ok >> ni) & 1);
     }
     fence_proxy_async_shared();
     if (row_leader) {
       named_sync(full_bar, row_threads);
-      if (lane == 0) {
-        tma::store_3d(&p.y, at(sc), col0, row0 % p.stride, row0 / p.stride + wr * 32);
+      if (lane == 0) {  // the 64-column boxes this tile finishes; a row's last tile, through its end
+        const AlgPairStores out = alg_pair_stores(col0, p.tile_cols, p.n);
+        for (int c = out.begin; c < out.end; c += 64)
+          tma::store_3d(&p.y, at(sc + alg_pair_panel(c) * L::kStagingPanel), c, row0 % p.stride,
+                        row0 / p.stride + wr * 32);
         tma::bulk_commit();
       }
     } else {
@@ -301,10 +326,10 @@ __global__ void __launch_bounds__(PairLayout<C, S>::kThreads, 1) algproj_pair_ke
 template <int C, int S>
 void pair_config(const AlgPairArgs& a, cudaStream_t stream) {
   using L = PairLayout<C, S>;
-  // The stagings follow the plan's tile columns (the caller checks the total against
-  // kAlgPairMaxSmem); the kernel opts in to the most any plan may take.
-  const size_t smem = alg_pair_smem(kAlgPairConfigs[C], S, a.tile_cols);
-  launch<algproj_pair_kernel<C, S>>(L::kThreads, smem, a.num_tiles, true, a, stream, kAlgPairMaxSmem);
+  // The caller checks the shared memory against kAlgPairMaxSmem (alg_pair_runs); the kernel opts
+  // in to the most any plan may take. One block a segment at most.
+  const size_t smem = alg_pair_smem(kAlgPairConfigs[C], S);
+  launch<algproj_pair_kernel<C, S>>(L::kThreads, smem, a.num_segments, true, a, stream, kAlgPairMaxSmem);
 }
 
 template <int S, int... I>

@@ -82,10 +82,10 @@ CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t l
 }
 
 CUtensorMap tma_map_staging_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
-                                 int64_t row_stride) {
-  QV_CHECK(box_cols >= 8 && box_cols <= 256 && box_cols % 8 == 0, "tma: staging boxes of {} columns (needs a "
-           "multiple of 8 up to 256)", box_cols);
-  return rows_map(base, rows, cols, ld, box_rows, box_cols, row_stride, true, false);
+                                 int64_t row_stride, bool swizzled) {
+  QV_CHECK(box_cols >= 8 && box_cols <= 256 && box_cols % 8 == 0 && (!swizzled || box_cols == 64),
+           "tma: staging boxes of {} columns (needs a multiple of 8 up to 256; 64 swizzled)", box_cols);
+  return rows_map(base, rows, cols, ld, box_rows, box_cols, row_stride, true, swizzled);
 }
 
 CUtensorMap tma_map_groups_bf16(void* base, int64_t rows, int64_t groups, int64_t group_cols, int64_t ld,

@@ -24,9 +24,10 @@ CUtensorMap tma_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t l
 // 1, box_rows}: a staging of box_rows rows of box_cols elements (a multiple of 8, at most 256),
 // row after row, written to the rows c1 + s (c2 + i) from column c0 (a multiple of 8), clipped at
 // the matrix's last column and row. Loads of the same boxes lay them out so (zeros past the
-// matrix).
+// matrix). swizzled: boxes of 64 columns, 128-byte swizzled (each row's 16-byte chunk j at j ^ (row
+// mod 8), 1024-byte aligned in shared memory).
 CUtensorMap tma_map_staging_bf16(const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows, int box_cols,
-                                 int64_t row_stride);
+                                 int64_t row_stride, bool swizzled = false);
 
 // A row-major bf16 matrix [rows, groups · group_cols] (ld elements between rows, a multiple of
 // 8; group_cols a multiple of 8) seen per column group, for boxes of box_rows rows × 64 columns

@@ -568,8 +568,10 @@ AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& 
             if (law.support(a, d + g).size() == 2) t.typed |= 1 << g;
             out.macs += static_cast<int64_t>(tile_rows) * cols * static_cast<int64_t>(law.support(a, d + g).size()) * in;
           }
+          if (t.col0 % 64 == 0) out.segments.push_back(static_cast<int32_t>(out.tiles.size()));
           out.tiles.push_back(t);
         }
+  out.segments.push_back(static_cast<int32_t>(out.tiles.size()));
   return out;
 }
 

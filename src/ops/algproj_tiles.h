@@ -184,7 +184,11 @@ struct AlgPairTile {
   int32_t shift[2];      // group g's first output column in the tile − w_col[g]
 };
 struct AlgPairPlan {
-  std::vector<AlgPairTile> tiles;  // type by type
+  std::vector<AlgPairTile> tiles;  // type by type; each run of rows' tiles in column order
+  // The tiles whose first column is a multiple of 64 (every run's first among them), then
+  // tiles.size(): a kernel that gives each block the tiles from one of these to another writes
+  // each 64-column piece of an output row from one block.
+  std::vector<int32_t> segments;
   int stride = 0;      // the tiles' row stride (M a multiple of it)
   int in = 0;          // columns of an input block
   int slot = 0;        // columns of an x box: the least odd multiple of 8 holding lead + in for every block

@@ -663,6 +663,72 @@ TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
   }
 }
 
+TEST(GpuAlgProj, PairStoresWriteEachBoxOnceFromItsBlock) {
+  // The pair kernel's walk, on the host (no GPU needed): block b of G takes the tiles from
+  // segment b · S / G to (b + 1) · S / G, and each tile stores the 64-column boxes
+  // alg_pair_stores names from the staging panels alg_pair_panel names. Every box of every row
+  // is stored once, after every one of its columns was laid out by the storing block: a tile that
+  // does not start on a 64-column boundary follows its column neighbour in its block, and within
+  // a row the panels a tile writes are not those the block's previous tile stores from (those may
+  // still be reading; a row's first tile waits for every store).
+  struct Shape {
+    const char* law;
+    int64_t K, N, rows_per_type;
+    int tile_rows, groups, box;
+  };
+  const Shape shapes[] = {
+      {"Q256", 5120, 25600, 128, 128, 2, 128},  // Qwen3-32B at M = 32768
+      {"Q128", 5120, 25600, 64, 64, 1, 256},    // and at M = 8192
+      {"Q16", 320, 1600, 128, 64, 2, 128},      {"graph:4:0>1,2>3", 80, 400, 64, 64, 2, 128},
+      {"Q8", 144, 192, 256, 64, 2, 128},        {"Q4", 160, 1600, 64, 64, 1, 256},
+  };
+  for (const Shape& sh : shapes) {
+    const algebra::Law law = algebra::Law::parse(sh.law);
+    const int q = law.q();
+    const std::vector<int> types = make_types(Sched::Cyclic, sh.rows_per_type * q, q, 0);
+    const ops::AlgPairPlan plan = ops::plan_pair_pass(law, algebra::GroupWidths::equal(q, sh.K, sh.N), types,
+                                                      sh.tile_rows, sh.groups, sh.box);
+    ASSERT_FALSE(plan.tiles.empty()) << sh.law << ": " << plan.why_not;
+    ASSERT_LE(plan.tile_cols, cuda::detail::kAlgPairMaxTileCols) << sh.law;
+    const int n = static_cast<int>(sh.N), num_segments = static_cast<int>(plan.segments.size()) - 1;
+    const int boxes_per_row = (n + 63) / 64;
+    for (int blocks : {1, 7, 132, num_segments}) {
+      SCOPED_TRACE(fmt::format("{}, {} blocks", sh.law, blocks));
+      std::vector<int> stored(static_cast<size_t>(types.size() / sh.tile_rows) * boxes_per_row, 0);
+      for (int b = 0; b < blocks; ++b) {
+        const int first = cuda::detail::alg_pair_first_tile(plan.segments.data(), num_segments, b, blocks);
+        const int last = cuda::detail::alg_pair_first_tile(plan.segments.data(), num_segments, b + 1, blocks);
+        for (int i = first; i < last; ++i) {
+          const ops::AlgPairTile& t = plan.tiles[i];
+          const cuda::detail::AlgPairStores out = cuda::detail::alg_pair_stores(t.col0, plan.tile_cols, n);
+          ASSERT_EQ(out.begin % 64, 0);
+          ASSERT_TRUE(out.end % 64 == 0 || out.end == n);
+          if (t.col0 % 64 != 0) {  // its first box's first columns are the block's previous tile's
+            ASSERT_GT(i, first);
+            ASSERT_EQ(plan.tiles[i - 1].row0, t.row0);
+            ASSERT_EQ(plan.tiles[i - 1].col0 + plan.tile_cols, t.col0);
+          }
+          if (i > first && t.col0 != 0) {  // the previous tile's stores may still read their panels
+            const cuda::detail::AlgPairStores before =
+                cuda::detail::alg_pair_stores(plan.tiles[i - 1].col0, plan.tile_cols, n);
+            for (int c = t.col0; c < t.col0 + plan.tile_cols; c += 8)
+              for (int d = before.begin; d < before.end; d += 64)
+                ASSERT_NE(cuda::detail::alg_pair_panel(c), cuda::detail::alg_pair_panel(d)) << "tile " << i;
+          }
+          // The tile's stores: every column of each box is this tile's or an earlier one's of this row.
+          ASSERT_LE(out.end, t.col0 + plan.tile_cols);
+          for (int c = out.begin; c < out.end; c += 64) {
+            const int64_t run = (t.row0 % plan.stride) + plan.stride * (t.row0 / plan.stride / sh.tile_rows);
+            ++stored[static_cast<size_t>(run) * boxes_per_row + c / 64];
+          }
+        }
+      }
+      for (size_t i = 0; i < stored.size(); ++i) ASSERT_EQ(stored[i], 1) << "row run " << i / boxes_per_row
+                                                                         << ", box " << i % boxes_per_row;
+    }
+  }
+}
+
 TEST(GpuAlgProj, TmaChunkWalkCoversEverySegment) {
   // The row pass's producer and consumers walk a segment by tma_chunk_len: the chunks cover it
   // exactly, each 64 deep but the last, which may be shorter, or 64 plus at most `extra` whole
