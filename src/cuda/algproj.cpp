@@ -684,7 +684,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj19|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj20|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
