@@ -559,7 +559,6 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
       t.x_own = tma_map_staging_bf16(const_cast<void*>(a.raw()), M, K(), K(), c.rows,
                                      d.pair.slot + detail::kAlgPairOwnGap, d.pair.stride);
     t.tiles = static_cast<const ops::AlgPairTile*>(d.tiles);
-    t.num_tiles = d.num_tiles;
     t.segments = d.rows;
     t.num_segments = d.pair.segments;
     t.n = static_cast<int>(N());

@@ -314,8 +314,7 @@ struct AlgPairArgs {
   CUtensorMap y;  // y [M, N] as rows c1 + stride · c2, 128-byte-swizzled boxes {64, 1, 32}
   CUtensorMap x_own;  // merged_own configurations: x as `x`, boxes {slot + kAlgPairOwnGap, 1, rows}
   const ops::AlgPairTile* tiles;
-  int num_tiles;
-  const int32_t* segments;  // ops::AlgPairPlan::segments: num_segments starts, then num_tiles
+  const int32_t* segments;  // ops::AlgPairPlan::segments: num_segments starts, then the tile count
   int num_segments;
   int n;  // y's columns
   int stride, in, slot, tile_cols, group_cols;
