@@ -4,6 +4,7 @@
 #include "cuda/algproj.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -658,9 +659,15 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
   }
 }
 
+namespace {
+std::atomic<int64_t> g_rejected_candidates{0};
+}  // namespace
+
+int64_t AlgProj::rejected_candidates() { return g_rejected_candidates.load(); }
+
 AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, bool tma_ok,
-                          cudaStream_t stream,
-                          const std::function<void(const AlgKernel&)>& run) const {
+                          cudaStream_t stream, const std::function<void(const AlgKernel&)>& run,
+                          const std::function<const Tensor&()>& output) const {
   const AlgKernel products{AlgKernel::Kind::Products, 0};
   const std::optional<AlgKernel>& pin =
       pass == ops::AlgPass::Forward ? pinned_.forward : pass == ops::AlgPass::DX ? pinned_.dx : pinned_.dw;
@@ -683,7 +690,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj20|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj21|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -751,6 +758,26 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       QV_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
       flush = Tensor::empty({std::max<int64_t>(l2 / 2, 1)}, DType::F32, Device::CUDA);  // 2 × L2 bytes
     }
+    // The reference for checking each candidate before it is timed: the products schedule's
+    // output (cuBLAS block products, a path of its own) on the same inputs. A candidate that
+    // disagrees (a kernel wrong at this shape: a race, a plan it mishandles) is reported and never
+    // chosen.
+    run(products);
+    const Tensor& first = output();
+    Tensor ref = Tensor::empty(first.shape(), first.dtype(), Device::CUDA);
+    QV_CUDA_CHECK(cudaMemcpyAsync(ref.raw(), first.raw(), first.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    Tensor sums = Tensor::empty({4}, DType::F64, Device::CUDA);
+    auto check = [&] {
+      const Tensor& got = output();
+      QV_CUDA_CHECK(cudaMemsetAsync(sums.raw(), 0, sums.nbytes(), stream));
+      detail::launch_compare_outputs(got.raw(), ref.raw(), got.dtype() == DType::F32, got.numel(),
+                                     static_cast<double*>(sums.raw()), stream);
+      double host[4];
+      QV_CUDA_CHECK(cudaMemcpyAsync(host, sums.raw(), sizeof(host), cudaMemcpyDeviceToHost, stream));
+      QV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return OutputDiff{host[0], host[1], host[2], host[3]};
+    };
+    nlohmann::json rejected = nlohmann::json::object();
     // Each candidate's time as calibrated (cold for decode shapes) and warm.
     std::vector<AlgKernel> timed_kernels;
     std::vector<CandidateTime> times;
@@ -772,6 +799,16 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
         if (k.kind == AlgKernel::Kind::Gemv ? d.slices == 1 : d.num_splits == 0) continue;
       }
       run(k);  // warm: builds the plan, grows scratch
+      if (const OutputDiff diff = check(); !outputs_agree(diff)) {
+        fmt::print(stderr,
+                   "quiver: algproj calibration ({}, law {}, M = {}): {} disagrees with the products schedule "
+                   "(relative error {:.3g}, largest difference {:.3g} of values up to {:.3g}); not used\n",
+                   pass_name(pass), law_.name(), types.size(), kernel_name(pass, k), diff.rel(), diff.max_diff,
+                   diff.max_ref);
+        rejected[kernel_name(pass, k)] = diff.rel();
+        ++g_rejected_candidates;
+        continue;
+      }
       // Milliseconds per call over `calls` back-to-back calls between two events.
       auto per_call = [&](int calls) {
         QV_CUDA_CHECK(cudaEventRecord(start, stream));
@@ -839,6 +876,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                             {"us", best_us},             {"l2", cold ? "flushed" : "warm"},
                             {"candidates_us", timings}};
     if (cold) entry["candidates_warm_us"] = warm_timings;
+    if (!rejected.empty()) entry["rejected"] = rejected;  // relative error against the products schedule
     kernel_cache().store(key, entry);
   }
   constexpr size_t kMaxChoices = 24;
@@ -875,7 +913,8 @@ AlgKernel AlgProj::forward_choice(const Tensor& x, const Tensor& w, const std::v
     if (accumulate && !trial.defined()) trial = Tensor::empty({M, N()}, DType::BF16, Device::CUDA);
     forward_run(k, x, w, row_types, accumulate ? trial : y, false, stream);
   };
-  return choose(ops::AlgPass::Forward, row_types, fused_ok, fused_ok && tma_ok(x.raw(), w.raw()), stream, time_one);
+  return choose(ops::AlgPass::Forward, row_types, fused_ok, fused_ok && tma_ok(x.raw(), w.raw()), stream, time_one,
+                [&]() -> const Tensor& { return accumulate ? trial : y; });
 }
 
 void AlgProj::forward(const Tensor& x, const Tensor& w, const std::vector<int>& row_types,
@@ -961,7 +1000,8 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                scratch_.part, scratch_.rows_a, scratch_.indices, stream);
     };
     const bool dx_ok = inputs_ok && aligned(dx->raw(), fused_vec_);
-    const AlgKernel k = choose(ops::AlgPass::DX, row_types, dx_ok, dx_ok && tma_ok(DY, W), stream, run);
+    const AlgKernel k = choose(ops::AlgPass::DX, row_types, dx_ok, dx_ok && tma_ok(DY, W), stream, run,
+                               [&]() -> const Tensor& { return *dx; });
     run(k);
     last_[static_cast<int>(ops::AlgPass::DX)] = k;
   }
@@ -1007,7 +1047,8 @@ void AlgProj::backward(const Tensor& x, const Tensor& w, const Tensor& dy,
     run_into(k, trial, false);
   };
   const bool dw_ok = inputs_ok && aligned(dw->raw(), fused_vec_);
-  const AlgKernel k = choose(ops::AlgPass::DW, row_types, dw_ok, dw_ok && tma_ok(X, DY), stream, time_one);
+  const AlgKernel k = choose(ops::AlgPass::DW, row_types, dw_ok, dw_ok && tma_ok(X, DY), stream, time_one,
+                            [&]() -> const Tensor& { return trial; });
   run_into(k, *dw, accumulate_dw);
   last_[static_cast<int>(ops::AlgPass::DW)] = k;
 }

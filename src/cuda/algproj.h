@@ -30,8 +30,9 @@
 // Calibration: unless a kernel is pinned (set_kernels), the first call of a pass for a new
 // (GPU, law, widths, M, row types) times every fused candidate of that pass (kernel_candidates;
 // the products schedule runs only where the fused kernels cannot, or when pinned) on the
-// call's own tensors and keeps the fastest in the kernel cache (calibration.h), which
-// later calls and later processes read. Calibration synchronizes the stream once; during a
+// call's own tensors, each after its output has been checked against the products schedule's
+// (rejected_candidates), and keeps the fastest in the kernel cache (calibration.h), which
+// later calls and later processes read. Calibration synchronizes the stream; during a
 // CUDA-graph capture, or with QUIVER_ALGPROJ_CALIBRATE=0, an uncalibrated call uses the
 // default choice (fused 64 × 128 tiles, 32- or 16-row tiles when few rows share a type)
 // instead. So: run each shape once before capturing a graph.
@@ -129,6 +130,11 @@ class AlgProj {
   // it applies. The products schedule is not among them: it adds several GEMMs into one output
   // element (not one owner), so it runs only where the fused kernels cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
+  // Calibration checks each candidate's output against the products schedule's on the same
+  // inputs before timing it; one that disagrees (outputs_agree, calibration.h) is reported on
+  // stderr, listed in the cache entry's "rejected" and never chosen. The count of such
+  // candidates in this process: nonzero means a kernel is wrong at some shape.
+  static int64_t rejected_candidates();
   // Whether the fused kernels apply to these widths (every group offset even).
   bool fused_supported() const { return fused_vec_ > 0; }
   void set_kernels(const Kernels& pinned) { pinned_ = pinned; }
@@ -198,8 +204,11 @@ class AlgProj {
                          cudaStream_t stream) const;
   // fused_ok: tensors aligned for the fused kernels' copies; tma_ok: also for the TMA row pass's
   // tensor maps (the input and W 16-byte aligned, K and N multiples of 8).
+  // run(k) computes the pass by kernel k into the tensor output() returns (assigned, not added),
+  // which calibration checks against the products schedule's before timing k.
   AlgKernel choose(ops::AlgPass pass, const std::vector<int>& types, bool fused_ok, bool tma_ok,
-                   cudaStream_t stream, const std::function<void(const AlgKernel&)>& run) const;
+                   cudaStream_t stream, const std::function<void(const AlgKernel&)>& run,
+                   const std::function<const Tensor&()>& output) const;
   bool tma_ok(const void* input, const void* w) const {
     return K() % 8 == 0 && N() % 8 == 0 && reinterpret_cast<uintptr_t>(input) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(w) % 16 == 0;

@@ -1,8 +1,10 @@
-// Gather / scatter-add kernels of the GPU algebraic projection, and the benchmark's input
-// fill: one thread per element,
-// grid-stride loops. The rows a call scatters into are distinct (the rows of one type), so
-// the additions need no atomics and are deterministic.
+// Gather / scatter-add kernels of the GPU algebraic projection, the benchmark's input fill and
+// calibration's output check: one thread per element, grid-stride loops. The rows a call
+// scatters into are distinct (the rows of one type), so the additions need no atomics and are
+// deterministic.
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "cuda/algproj_launch.h"
 #include "cuda/check.h"
@@ -45,7 +47,47 @@ __global__ void fill_hashed_kernel(uint16_t* p, int64_t n, uint64_t seed, float 
   }
 }
 
+__device__ __forceinline__ float element(const void* p, bool f32, int64_t i) {
+  if (f32) return static_cast<const float*>(p)[i];
+  const uint16_t b = static_cast<const uint16_t*>(p)[i];
+  return __uint_as_float(uint32_t{b} << 16);
+}
+
+__global__ void compare_outputs_kernel(const void* got, const void* ref, bool f32, int64_t n, double* out) {
+  double diff2 = 0, ref2 = 0;
+  float max_diff = 0, max_ref = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float r = element(ref, f32, i);
+    float d = fabsf(element(got, f32, i) - r);
+    if (!(d <= 3.0e38f)) d = INFINITY;  // NaN or ∞
+    diff2 += static_cast<double>(d) * d;
+    ref2 += static_cast<double>(r) * r;
+    max_diff = fmaxf(max_diff, d);
+    max_ref = fmaxf(max_ref, fabsf(r));
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    diff2 += __shfl_xor_sync(0xffffffffu, diff2, o);
+    ref2 += __shfl_xor_sync(0xffffffffu, ref2, o);
+    max_diff = fmaxf(max_diff, __shfl_xor_sync(0xffffffffu, max_diff, o));
+    max_ref = fmaxf(max_ref, __shfl_xor_sync(0xffffffffu, max_ref, o));
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(&out[0], diff2);
+    atomicAdd(&out[1], ref2);
+    auto* bits = reinterpret_cast<unsigned long long*>(out);
+    atomicMax(&bits[2], static_cast<unsigned long long>(__double_as_longlong(static_cast<double>(max_diff))));
+    atomicMax(&bits[3], static_cast<unsigned long long>(__double_as_longlong(static_cast<double>(max_ref))));
+  }
+}
+
 }  // namespace
+
+void launch_compare_outputs(const void* got, const void* ref, bool f32, int64_t n, double* out, cudaStream_t stream) {
+  if (n == 0) return;
+  // A few blocks per multiprocessor: each warp adds once to the sums.
+  compare_outputs_kernel<<<std::min(grid_for(n, kThreads), 1024u), kThreads, 0, stream>>>(got, ref, f32, n, out);
+  QV_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_fill_hashed_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
   if (n == 0) return;

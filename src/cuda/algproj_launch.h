@@ -20,4 +20,10 @@ void launch_scatter_add_rows_f32(const float* src, int64_t cols, const int64_t* 
 // (seed, i): reproducible benchmark inputs filled on the device.
 void launch_fill_hashed_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
 
+// Over n elements of got and ref (both bf16, or both fp32 when f32): out[0] += Σ (got − ref)²,
+// out[1] += Σ ref² (fp64 sums), and out[2], out[3] raised to max |got − ref| (∞ where it is not
+// finite) and max |ref|, as the bit patterns of non-negative doubles (which order as integers).
+// out: 4 device doubles, zeroed by the caller. Calibration checks each candidate with it.
+void launch_compare_outputs(const void* got, const void* ref, bool f32, int64_t n, double* out, cudaStream_t stream);
+
 }  // namespace quiver::cuda::detail

@@ -96,4 +96,8 @@ int pick_calibrated(const std::vector<CandidateTime>& times, bool near_ties) {
   return pick;
 }
 
+bool outputs_agree(const OutputDiff& d) {
+  return std::isfinite(d.diff2) && std::isfinite(d.max_diff) && d.rel() <= 1.0 / 64 && d.max_diff <= d.max_ref / 16;
+}
+
 }  // namespace quiver::cuda

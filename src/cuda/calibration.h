@@ -10,6 +10,7 @@
 // The process's cache (kernel_cache()) is `kernels.json` in QUIVER_CACHE_DIR, else
 // $XDG_CACHE_HOME/quiver, else $HOME/.cache/quiver; QUIVER_CACHE_DIR=off keeps it in memory.
 #pragma once
+#include <cmath>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -48,5 +49,19 @@ struct CandidateTime {
 // stream the same bytes from DRAM time within a few percent of each other there, while back to
 // back they can differ by far more.
 int pick_calibrated(const std::vector<CandidateTime>& times, bool near_ties);
+
+// A candidate's output against a reference computed on the same inputs by an independent path,
+// over every element: Σ (got − ref)², Σ ref², max |got − ref| (∞ where got − ref is not finite)
+// and max |ref|.
+struct OutputDiff {
+  double diff2 = 0, ref2 = 0, max_diff = 0, max_ref = 0;
+  double rel() const { return ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2); }
+};
+// Whether a calibration candidate agrees with the reference as two correct kernels do: both sum
+// in fp32 and round once (a bf16 output is at most a unit or two of 2^-8 apart, an fp32 one far
+// closer), so a relative norm error of at most 2^-6 and no element off by more than max |ref| / 16.
+// The second bound catches what the first averages away: a single wrong or unwritten tile among
+// thousands moves the norm by ~1% but its elements by about their own size.
+bool outputs_agree(const OutputDiff& d);
 
 }  // namespace quiver::cuda

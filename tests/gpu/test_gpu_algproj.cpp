@@ -19,12 +19,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "algebra/law.h"
 #include "cuda/algproj.h"
 #include "cuda/algproj_fused_launch.h"
+#include "cuda/algproj_launch.h"
+#include "cuda/calibration.h"
 #include "cuda/backend.h"
 #include "cuda/ops.h"
 #include "gpu/gpu_testing.h"
@@ -169,6 +172,8 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
 
   const Tensor xd = to_device(x, DType::BF16), wd = to_device(w, DType::BF16),
                dyd = to_device(dy, DType::BF16);
+  // Calibration (unpinned passes, shapes not in the kernel cache) rejects no candidate.
+  const int64_t rejected = cuda::AlgProj::rejected_candidates();
   for (const cuda::AlgProj::Kernels& kernels : kernel_sets) {
     SCOPED_TRACE(fmt::format("kernel set {}", &kernels - kernel_sets.data()));
     cuda::AlgProj gpu(law, widths, c.access);
@@ -212,6 +217,7 @@ void check_case(const Case& c, const std::vector<int>& types, uint64_t seed,
     for (int64_t i = 0; i < twice.numel(); ++i) twice.data<double>()[i] *= 2;
     EXPECT_LE(rel_error(to_host_f64(dw), twice), 2 * bound(M, q, dw_abs, dw_ref, kF32Unit));
   }
+  EXPECT_EQ(cuda::AlgProj::rejected_candidates(), rejected) << "a calibration candidate disagreed (stderr names it)";
 }
 // One kernel set (unset passes: calibrated, the default).
 void check_case(const Case& c, const std::vector<int>& types, uint64_t seed, const cuda::AlgProj::Kernels& kernels = {}) {
@@ -515,6 +521,52 @@ TEST(GpuAlgProj, ProductsScheduleWhenPinned) {
   for (const Case* cs : {&kQ4, &kQ2xQ2, &kUnequalEven, &kWide}) {
     check_case(*cs, make_types(Sched::Cyclic, 37, 4, 3), 161, k);
     check_case(*cs, make_types(Sched::Random, 37, 4, 5), 162, k);
+  }
+}
+
+TEST(GpuAlgProj, CalibrationCheckSumsEveryElement) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The sums calibration judges a candidate by, against float64 on the host, bf16 and fp32, over
+  // a length no block count divides; then with one element NaN.
+  const int64_t n = 300001;
+  Rng rng(171);
+  Tensor got = random_bf16_values(rng, {n});
+  const Tensor ref = random_bf16_values(rng, {n});
+  for (int nan = 0; nan < 2; ++nan) {
+    if (nan) got.data<double>()[n / 3] = std::nan("");
+    double diff2 = 0, ref2 = 0, max_diff = 0, max_ref = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = got.data<double>()[i], r = ref.data<double>()[i];
+      const double d = std::isfinite(g - r) ? std::abs(g - r) : std::numeric_limits<double>::infinity();
+      diff2 += d * d;
+      ref2 += r * r;
+      max_diff = std::max(max_diff, d);
+      max_ref = std::max(max_ref, std::abs(r));
+    }
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(fmt::format("{}, nan {}", dtype == DType::F32 ? "f32" : "bf16", nan));
+      const Tensor gd = to_device(got, dtype), rd = to_device(ref, dtype);
+      Tensor sums = Tensor::empty({4}, DType::F64, Device::CUDA);
+      poison(sums);
+      ASSERT_EQ(cudaMemset(sums.raw(), 0, sums.nbytes()), cudaSuccess);
+      cuda::detail::launch_compare_outputs(gd.raw(), rd.raw(), dtype == DType::F32, n,
+                                           static_cast<double*>(sums.raw()), nullptr);
+      const Tensor h = to_host(sums);
+      const double* s = h.data<double>();
+      if (nan) {
+        EXPECT_EQ(s[0], std::numeric_limits<double>::infinity());
+        EXPECT_EQ(s[2], std::numeric_limits<double>::infinity());
+        EXPECT_FALSE(cuda::outputs_agree({s[0], s[1], s[2], s[3]}));
+      } else {
+        // Differences of bf16 values are exact in fp32, their squares in fp64: only the order of
+        // the additions differs.
+        EXPECT_NEAR(s[0], diff2, 1e-12 * diff2);
+        EXPECT_EQ(s[2], max_diff);
+      }
+      EXPECT_NEAR(s[1], ref2, 1e-12 * ref2);
+      EXPECT_EQ(s[3], max_ref);
+    }
   }
 }
 

@@ -1,12 +1,14 @@
 // The kernel-choice cache (cuda/calibration.h): choices survive a new process (a new cache on
 // the same file), a damaged or foreign file is ignored and then replaced, and a file that
-// cannot be written leaves the cache working in memory; and the rule that picks a calibrated
-// candidate from its times. Needs no GPU.
+// cannot be written leaves the cache working in memory; the rule that picks a calibrated
+// candidate from its times, and the one that checks its output. Needs no GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "cuda/calibration.h"
 
@@ -100,4 +102,23 @@ TEST(KernelCache, PickCalibratedTakesTheFastestAndForDecodeTheFastestWarmNearTie
   EXPECT_EQ(pick_calibrated(u, false), 0);
   // Equal times keep the first.
   EXPECT_EQ(pick_calibrated({{5.f, 5.f}, {5.f, 5.f}}, true), 0);
+}
+
+TEST(KernelCache, OutputsAgreeAsTwoCorrectKernelsDo) {
+  using quiver::cuda::OutputDiff;
+  using quiver::cuda::outputs_agree;
+  // Two bf16 roundings apart: a relative error of about 2^-8, elements a unit or two apart.
+  EXPECT_TRUE(outputs_agree({1e-5 * 1e3, 1e3, 2.0 / 128, 4.0}));
+  EXPECT_TRUE(outputs_agree({0, 0, 0, 0}));  // both zero
+  // Norm error above 2^-6.
+  EXPECT_FALSE(outputs_agree({0.02 * 0.02 * 1e3 * 1.01, 1e3, 0.1, 4.0}));
+  // A norm error within bounds, but one element off by more than max |ref| / 16: one wrong tile.
+  EXPECT_FALSE(outputs_agree({1e-6 * 1e3, 1e3, 0.3, 4.0}));
+  EXPECT_TRUE(outputs_agree({1e-6 * 1e3, 1e3, 0.25, 4.0}));
+  // Zeros where the reference has values, and anything not finite.
+  EXPECT_FALSE(outputs_agree({1e3, 1e3, 4.0, 4.0}));
+  EXPECT_FALSE(outputs_agree({std::numeric_limits<double>::infinity(), 1e3, 1.0, 4.0}));
+  EXPECT_FALSE(outputs_agree({1e-6, 1e3, std::numeric_limits<double>::infinity(), 4.0}));
+  EXPECT_FALSE(outputs_agree({std::nan(""), 1e3, 0.0, 4.0}));
+  EXPECT_NEAR((OutputDiff{4.0, 16.0, 0, 0}).rel(), 0.5, 1e-15);
 }

@@ -14,6 +14,7 @@
 #include "quiver/parallel.h"
 #include "quiver/rng.h"
 #ifdef QUIVER_HAVE_CUDA
+#include "cuda/algproj.h"
 #include "cuda/algproj_bench.h"
 #include "cuda/backend.h"
 #endif
@@ -127,6 +128,11 @@ void run_cuda(const BenchArgs& a) {
     QV_CHECK(r["correct"].get<bool>(), "bench algproj: {} {} M={} q={} failed its correctness check (error {})",
              r["model"].get<std::string>(), r["pass"].get<std::string>(), r["M"].get<int64_t>(), r["q"].get<int>(),
              r["rel_error"].get<double>());
+  // A kernel wrong at some shape is never timed, but it is still a bug.
+  QV_CHECK(cuda::AlgProj::rejected_candidates() == 0,
+           "bench algproj: calibration rejected {} candidate kernel(s) whose output disagreed with the products "
+           "schedule (each named on stderr)",
+           cuda::AlgProj::rejected_candidates());
 #else
   fail("bench algproj --device cuda: this build has no CUDA backend");
 #endif
