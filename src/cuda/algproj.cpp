@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -761,7 +762,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
     // The reference for checking each candidate before it is timed: the products schedule's
     // output (cuBLAS block products, a path of its own) on the same inputs. A candidate that
     // disagrees (a kernel wrong at this shape: a race, a plan it mishandles) is reported and never
-    // chosen.
+    // chosen. Where the reference is not finite (inputs holding NaN or ∞, as uninitialized
+    // buffers may) nothing can be judged: the candidates are timed unchecked, as the entry says,
+    // rather than all rejected and the products schedule kept for the shape.
     run(products);
     const Tensor& first = output();
     Tensor ref = Tensor::empty(first.shape(), first.dtype(), Device::CUDA);
@@ -778,6 +781,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       return OutputDiff{host[0], host[1], host[2], host[3]};
     };
     nlohmann::json rejected = nlohmann::json::object();
+    bool checked = true;
     // Each candidate's time as calibrated (cold for decode shapes) and warm.
     std::vector<AlgKernel> timed_kernels;
     std::vector<CandidateTime> times;
@@ -799,7 +803,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
         if (k.kind == AlgKernel::Kind::Gemv ? d.slices == 1 : d.num_splits == 0) continue;
       }
       run(k);  // warm: builds the plan, grows scratch
-      if (const OutputDiff diff = check(); !outputs_agree(diff)) {
+      const OutputDiff diff = check();
+      checked = checked && std::isfinite(diff.ref2) && std::isfinite(diff.max_ref);
+      if (checked && !outputs_agree(diff)) {
         fmt::print(stderr,
                    "quiver: algproj calibration ({}, law {}, M = {}): {} disagrees with the products schedule "
                    "(relative error {:.3g}, largest difference {:.3g} of values up to {:.3g}); not used\n",
@@ -877,6 +883,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                             {"candidates_us", timings}};
     if (cold) entry["candidates_warm_us"] = warm_timings;
     if (!rejected.empty()) entry["rejected"] = rejected;  // relative error against the products schedule
+    if (!checked) entry["checked"] = false;                 // the reference was not finite
     kernel_cache().store(key, entry);
   }
   constexpr size_t kMaxChoices = 24;

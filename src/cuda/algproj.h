@@ -132,8 +132,9 @@ class AlgProj {
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
   // Calibration checks each candidate's output against the products schedule's on the same
   // inputs before timing it; one that disagrees (outputs_agree, calibration.h) is reported on
-  // stderr, listed in the cache entry's "rejected" and never chosen. The count of such
-  // candidates in this process: nonzero means a kernel is wrong at some shape.
+  // stderr, listed in the cache entry's "rejected" and never chosen (inputs holding NaN or ∞
+  // leave no reference: the entry then says "checked": false). The count of such candidates in
+  // this process: nonzero means a kernel is wrong at some shape.
   static int64_t rejected_candidates();
   // Whether the fused kernels apply to these widths (every group offset even).
   bool fused_supported() const { return fused_vec_ > 0; }

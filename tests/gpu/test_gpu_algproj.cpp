@@ -570,6 +570,43 @@ TEST(GpuAlgProj, CalibrationCheckSumsEveryElement) {
   }
 }
 
+TEST(GpuAlgProj, CalibrationOnNonFiniteInputsRejectsNothing) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Inputs holding a NaN (as uninitialized buffers may) leave the products schedule's output no
+  // reference: calibration times the candidates unchecked instead of rejecting every one, which
+  // would keep the products schedule for the shape. A shape no other test calibrates.
+  const algebra::Law law = algebra::Law::parse("Q4");
+  const algebra::GroupWidths widths = algebra::GroupWidths::equal(4, 96, 136);
+  const int64_t M = 68, K = 96, N = 136, bad_row = 5;
+  Rng rng(181);
+  Tensor x = random_bf16_values(rng, {M, K});
+  x.data<double>()[bad_row * K + 7] = std::nan("");
+  const Tensor w = random_bf16_values(rng, {K, N});
+  const std::vector<int> types = make_types(Sched::Cyclic, M, 4, 1);
+  Tensor y_ref = Tensor::empty({M, N}, DType::F64);
+  ops::algproj_reference_forward(x, w, law, widths, types, y_ref);
+  const Tensor xd = to_device(x, DType::BF16), wd = to_device(w, DType::BF16);
+  Tensor y = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
+  const int64_t rejected = cuda::AlgProj::rejected_candidates();
+  cuda::AlgProj gpu(law, widths);
+  gpu.forward(xd, wd, types, y);
+  const Tensor yh = to_host_f64(y);
+  EXPECT_EQ(cuda::AlgProj::rejected_candidates(), rejected);
+  EXPECT_NE(gpu.last_kernel(ops::AlgPass::Forward).kind, AlgKernel::Kind::Products);
+  // The other rows are right (the bad row's products are NaN in both).
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      if (i == bad_row) continue;
+      const double g = yh.data<double>()[i * N + j], r = y_ref.data<double>()[i * N + j];
+      ASSERT_TRUE(std::isfinite(g)) << "row " << i << ", column " << j;
+      diff += (g - r) * (g - r);
+      ref += r * r;
+    }
+  EXPECT_LE(std::sqrt(diff / ref), 4 * kBf16Unit);
+}
+
 TEST(GpuAlgProj, FusedNeedsEvenWidths) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
