@@ -48,9 +48,7 @@ __global__ void fill_hashed_kernel(uint16_t* p, int64_t n, uint64_t seed, float 
 }
 
 __device__ __forceinline__ float element(const void* p, bool f32, int64_t i) {
-  if (f32) return static_cast<const float*>(p)[i];
-  const uint16_t b = static_cast<const uint16_t*>(p)[i];
-  return __uint_as_float(uint32_t{b} << 16);
+  return f32 ? static_cast<const float*>(p)[i] : bf16_load(static_cast<const uint16_t*>(p)[i]);
 }
 
 __global__ void compare_outputs_kernel(const void* got, const void* ref, bool f32, int64_t n, double* out) {
