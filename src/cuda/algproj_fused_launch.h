@@ -75,7 +75,11 @@ inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 // 64-deep chunk, so that a segment's tail of 16 · extra or less takes no stage of its own
 // (tma_chunk_len: Qwen3-4B's groups of 80 one stage instead of two). `one_staging` (two
 // warpgroups in turn): the warpgroups lay out their tiles' products for the TMA stores in one
-// staging, in turn, instead of one each, which leaves room for another stage.
+// staging, in turn, instead of one each, which leaves room for another stage. `ring_staging`
+// (cooperative): the warpgroups lay out a tile's products in the W chunk of the tile's last
+// stage, which they alone read (each its own columns), and release that stage to the producer
+// once the stores have read it, during the next tile's products; no staging of its own, so that
+// 64 x 384 tiles keep four stages of 56 KiB.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
@@ -84,6 +88,7 @@ struct AlgTmaConfig {
   bool eager = false;
   int extra = 0;
   bool one_staging = false;
+  bool ring_staging = false;
   constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
   constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
   constexpr bool releases_at_once() const { return groups == 1 || eager; }
@@ -117,6 +122,8 @@ constexpr AlgTmaConfig kAlgTmaConfigs[] = {
     // One staging for both warpgroups: a sixth 64x192 stage, an eighth 64x128 one.
     {192, 6, 2, true, false, false, true, 0, true}, {192, 6, 2, true, false, false, false, 0, true},
     {128, 8, 2, true, false, false, true, 0, true},
+    // Cooperative 64 x 384 with the staging in the ring: x's box read once for 384 columns.
+    {192, 4, 2, true, true, false, false, 0, false, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 

@@ -47,7 +47,10 @@
 // when accumulating), while the other warpgroup's products run when they take tiles in turn;
 // with one staging (AlgTmaConfig::one_staging) their epilogues take the one staging in the
 // block's tile order, each after the one before has had its stores read it (an mbarrier), so
-// that the ring has room for another stage.
+// that the ring has room for another stage; with the staging in the ring
+// (AlgTmaConfig::ring_staging, cooperative tiles), each warpgroup lays its products out in its own
+// columns of the W chunk of the tile's last stage, which the block's warpgroups hold until the
+// stores have read it, releasing it during the next tile's products.
 //
 // Ablations (bench/tma_ablation.cpp builds this file with them; the library never does): with
 // QUIVER_TMA_ABLATE_LOADS the producer arrives on each stage without loading it (the products
@@ -154,9 +157,11 @@ struct TmaLayout {
   static_assert(kExtra == 0 || kXBytes % 1024 == 0, "every extra slice's W starts on a 128-byte swizzle's period");
   static constexpr uint32_t kStageBytes = kABytes + kBBytes + kExtra * kXBytes;
   // full[kStages] and empty[kStages] barriers, the stages' headers, the two order barriers and
-  // the hand-over's stage counter after the stages, then (1024-byte aligned) the zero operands of
-  // a tail's steps past its slices: one A slice (64 rows × 16 k) and BN × 16 of W.
-  static constexpr uint32_t kZeroBytes = (kAlgTmaRows + BN) * 16 * 2;
+  // the hand-over's stage counter after the stages, then (1024-byte aligned) the zero operand of
+  // a tail's steps past its slices: one 1 KiB block of zeros, which every such step reads as
+  // either operand through a descriptor with both strides 0 (zero_operand), so that its size
+  // does not grow with the tile's columns.
+  static constexpr uint32_t kZeroBytes = 1024;
   static_assert((2 * kStages + 3) * sizeof(uint64_t) + kStages * sizeof(Meta) + sizeof(uint64_t) <= 1024,
                 "the barriers, headers, counter and staging barrier fit below the zero operands");
   static_assert(sizeof(Meta) % sizeof(uint64_t) == 0, "the order barriers after the headers are aligned");
@@ -183,13 +188,12 @@ struct TmaLayout {
     // One staging for two warpgroups in turn (AlgTmaConfig::one_staging): completes a phase as each
     // tile's epilogue is done with it (its stores have read it).
     __device__ uint64_t* staging_free() const { return order() + 3; }
-    __device__ unsigned char* zero_a() const { return base + kStages * kStageBytes + 1024; }
-    __device__ unsigned char* zero_b() const { return zero_a() + kAlgTmaRows * 16 * 2; }  // after one A slice
+    __device__ unsigned char* zero() const { return base + kStages * kStageBytes + 1024; }
     __device__ unsigned char* staging() const { return base + kStagingAt; }
-    // By every thread, before a __syncthreads: the zero operands.
-    __device__ void zero() const {
+    // By every thread, before a __syncthreads: the zero operand.
+    __device__ void clear_zero() const {
       for (uint32_t o = 16 * threadIdx.x; o < kZeroBytes; o += 16 * blockDim.x)
-        *reinterpret_cast<uint4*>(zero_a() + o) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(zero() + o) = make_uint4(0, 0, 0, 0);
       fence_proxy_async_shared();  // read by the tensor cores
     }
     // By one thread, before a __syncthreads: each full barrier completes on the producer's
@@ -216,11 +220,12 @@ __device__ __forceinline__ unsigned char* w_slice_t(unsigned char* b, int s) {  
   return b + s * BN * kSlice * 2;
 }
 
-// The named barrier 1 or 2 of the kThreads threads that zero a stage's operands before the tensor
-// cores read them (zero_slice_past, zero_rows_past), by immediate id: ptxas counts a register id
-// as all 16.
+// The named barrier 1 or 2 of the kThreads threads that read a stage: those that zero its operands
+// before the tensor cores read them (zero_slice_past, zero_rows_past), and a cooperative tile's
+// warpgroups before they lay out their products in its last stage (store_tile). By immediate id:
+// ptxas counts a register id as all 16.
 template <int kThreads>
-__device__ __forceinline__ void zeroing_barrier(int barrier) {
+__device__ __forceinline__ void stage_barrier(int barrier) {
   if (barrier == 1)
     asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
   else
@@ -250,21 +255,28 @@ __device__ __forceinline__ void zero_slice_past(unsigned char* a, unsigned char*
       *reinterpret_cast<uint4*>(b + B::offset(valid + e / (BT / 8), e % (BT / 8) * 8)) = make_uint4(0, 0, 0, 0);
   }
   fence_proxy_async_shared();  // the tensor cores read them next
-  zeroing_barrier<kThreads>(barrier);  // these threads only
+  stage_barrier<kThreads>(barrier);  // these threads only
+}
+
+// A zero operand of any shape in R-byte swizzled rows: every 8-row group and every panel at the
+// same 1 KiB block of zeros (1024-byte aligned), by strides of 0.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t zero_operand(const unsigned char* zero) {
+  return wgmma::descriptor<kRowBytes>(zero, 0, 0);
 }
 
 // The four k16 steps of one stage for the BN columns from wcol of its BT (a warpgroup's share of
 // a cooperative tile; 0 otherwise): a whole chunk's (valid = 64), or a tail's ceil(valid / 16)
-// slices and then steps over the zero operands (zero_a: a slice of A, zero_b: BN × 16 of W as
-// either operand), so that every chunk issues the same instructions (a data-dependent count puts the wgmma on a
-// divergent path, which ptxas serializes); only the descriptors are selected. With kExtra
-// slices (AlgTmaConfig::extra), kExtra more steps follow: the stage's `extra` slices (x's at xa,
-// this warpgroup's 64-row half; W's at xb; kXBytes apart) and then the zero operands.
+// slices and then steps over zero operands (zero_operand, both A and W), so that every chunk
+// issues the same instructions (a data-dependent count puts the wgmma on a divergent path, which
+// ptxas serializes); only the descriptors are selected. With kExtra slices
+// (AlgTmaConfig::extra), kExtra more steps follow: the stage's `extra` slices (x's at xa, this
+// warpgroup's 64-row half; W's at xb; kXBytes apart) and then zero operands.
 template <int BN, int BT, bool kTransW, int kExtra = 0, uint32_t kXBytes = 0>
 __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned char* a, unsigned char* stage_b,
-                                               int wcol, int valid, const unsigned char* zero_a,
-                                               const unsigned char* zero_b, unsigned char* xa = nullptr,
-                                               unsigned char* xb = nullptr, int extra = 0) {
+                                               int wcol, int valid, const unsigned char* zero,
+                                               unsigned char* xa = nullptr, unsigned char* xb = nullptr,
+                                               int extra = 0) {
   using A = wgmma::Panels<kAlgTmaChunk>;
   using B = wgmma::Panels<BN>;
   static_assert(BT == BN || BN % 64 == 0, "a warpgroup's columns start on a whole panel");
@@ -274,28 +286,30 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
   // A tail (valid < 64) was loaded slice by slice, also where it has four slices (49-63 of k).
   const bool tail = valid < kAlgTmaChunk;
   const int slices = tail_slices(valid);
-  uint64_t da[kSteps], db[kSteps];  // all selected before the fence (ptxas fences registers set after it)
+  // All selected before the fence (ptxas fences registers set after it).
+  const uint64_t za = zero_operand<2 * kSlice>(zero), zb = kTransW ? za : zero_operand<128>(zero);
+  uint64_t da[kSteps], db[kSteps];
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    const bool zero = kk >= slices;
-    da[kk] = !tail ? A::k_major(a, kSlice * kk) : SlicePanel::k_major(zero ? zero_a : a_slice(a, kk), 0);
+    const bool z = kk >= slices;
+    da[kk] = !tail ? A::k_major(a, kSlice * kk) : z ? za : SlicePanel::k_major(a_slice(a, kk), 0);
     if constexpr (kTransW)
       db[kk] = !tail ? A::k_major(b, kSlice * kk)
-                     : SlicePanel::k_major(zero ? zero_b : w_slice_t<BT>(stage_b, kk) + wcol * kSlice * 2, 0);
-    else  // zero_b as 16 rows of each 64-column panel, 2 KiB apart
-      db[kk] = zero ? wgmma::descriptor<128>(zero_b, kSlice * 128, 8 * 128) : B::mn_major(b, kSlice * kk);
+                     : z ? zb : SlicePanel::k_major(w_slice_t<BT>(stage_b, kk) + wcol * kSlice * 2, 0);
+    else
+      db[kk] = z ? zb : B::mn_major(b, kSlice * kk);
   }
   constexpr int kX = kExtra > 0 ? kExtra : 1;
   uint64_t xda[kX], xdb[kX];
 #pragma unroll
   for (int j = 0; j < kExtra; ++j) {
-    const bool zero = j >= extra;
-    xda[j] = SlicePanel::k_major(zero ? zero_a : xa + j * kXBytes, 0);
+    const bool z = j >= extra;
+    xda[j] = z ? za : SlicePanel::k_major(xa + j * kXBytes, 0);
     if constexpr (kTransW)
-      xdb[j] = SlicePanel::k_major(zero ? zero_b : xb + j * kXBytes + wcol * kSlice * 2, 0);
-    else  // 16 rows of each 64-column panel, 2 KiB apart, as zero_b
-      xdb[j] = wgmma::descriptor<128>(zero ? zero_b : xb + j * kXBytes + wcol / 64 * kSlice * 128, kSlice * 128,
-                                      8 * 128);
+      xdb[j] = z ? zb : SlicePanel::k_major(xb + j * kXBytes + wcol * kSlice * 2, 0);
+    else  // 16 rows of each 64-column panel, 2 KiB apart
+      xdb[j] = z ? zb
+                 : wgmma::descriptor<128>(xb + j * kXBytes + wcol / 64 * kSlice * 128, kSlice * 128, 8 * 128);
   }
   const auto step = [&](uint64_t da_k, uint64_t db_k) {  // one k16 step; dX's W is K-major
     if constexpr (kTransW)
@@ -314,10 +328,14 @@ __device__ __forceinline__ void chunk_products(float (&acc)[BN / 2], unsigned ch
 
 // The row pass's layout: a tile's columns are one warpgroup's BN, or (cooperative) its
 // warpgroups' side by side; a tall tile's stage holds two 64-row A chunks; every warpgroup has a
-// staging of 64 × BN products, or (kOneStaging) two warpgroups in turn share one.
-template <int BN, int kStages, int kGroups, bool kCoop, bool kTall, int kExtra = 0, bool kOneStaging = false>
-using RowLayout = TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, uint32_t(kOneStaging ? 1 : kGroups) * BN * 128,
-                            kTall ? 2 : 1, TileMeta, kExtra>;
+// staging of 64 × BN products, or (kOneStaging) two warpgroups in turn share one, or
+// (kRingStaging) each lays its products out in its own columns of the W chunk of the tile's
+// last stage.
+template <int BN, int kStages, int kGroups, bool kCoop, bool kTall, int kExtra = 0, bool kOneStaging = false,
+          bool kRingStaging = false>
+using RowLayout =
+    TmaLayout<(kCoop ? kGroups : 1) * BN, kStages, kRingStaging ? 0u : uint32_t(kOneStaging ? 1 : kGroups) * BN * 128,
+              kTall ? 2 : 1, TileMeta, kExtra>;
 
 // Two consumer warpgroups taking a block's tiles in turn (ping-pong): by every thread of the one
 // that has issued its tile's last products, whose stages end before counter `next`, where the
@@ -357,15 +375,22 @@ __device__ __forceinline__ void group_barrier(int group) {
 // columns 8 j + 2 tig, + 1) as bf16 in its staging, as wgmma::Panels<BN> (the 128-byte swizzle:
 // a warp's pairs fall in 32 distinct banks), and its first thread stores one 64-column box per
 // panel that starts before the tile's last column: whole 128-byte rows, clipped by the map at the
-// group's end and the view's last row. The staging is rewritten only after the previous tile's
-// stores have read it. r0: the first of the warpgroup's 64 rows.
-template <int BN>
+// group's end and the view's last row. A staging of the warpgroup's own (kInRing false) is
+// rewritten only after the previous tile's stores have read it. One in the ring (the W chunk of
+// the tile's last stage) is fresh for each tile, and is written once all kConsumers threads of the
+// block have finished reading that stage: each warp's wgmma wait covers its own share only, and
+// a dX tail's slices interleave the two warpgroups' rows. r0: the first of the warpgroup's 64 rows.
+template <int BN, bool kInRing, int kConsumers>
 __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned char* staging, const AlgTmaArgs& p,
                                           const TileMeta& m, int r0, int wcol, int group, int tid, int gwarp,
                                           int grp, int tig) {
   using P = wgmma::Panels<BN>;
-  if (tid == 0) bulk_wait_read();
-  group_barrier(group);
+  if constexpr (kInRing) {
+    stage_barrier<kConsumers>(1);
+  } else {
+    if (tid == 0) bulk_wait_read();
+    group_barrier(group);
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int i = 16 * gwarp + grp + 8 * half;
@@ -393,7 +418,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned 
 }
 
 template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease, int kExtra,
-          bool kOneStaging>
+          bool kOneStaging, bool kRingStaging>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     algproj_tma_kernel(const __grid_constant__ AlgTmaArgs p) {
   static_assert(!kTall || (kGroups == 2 && !kCoop), "a tall tile is two warpgroups' rows");
@@ -404,7 +429,11 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   // products are done, so that the producer refills it a chunk earlier; otherwise a warpgroup
   // keeps one chunk's products in flight and releases the stage before (docs/decisions.md).
   static_assert(!kOneStaging || (kGroups == 2 && !kCoop && !kTall), "one staging: two warpgroups in turn");
-  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall, kExtra, kOneStaging>;
+  // The staging in the ring: the W chunk of a tile's last stage, where each warpgroup's columns
+  // (its own panels, or its own rows for dX) are read by it alone.
+  static_assert(!kRingStaging || (kCoop && !kEagerRelease && kExtra == 0), "ring staging: cooperative tiles");
+  using L = RowLayout<BN, kStages, kGroups, kCoop, kTall, kExtra, kOneStaging, kRingStaging>;
+  static_assert(!kRingStaging || L::kBBytes >= kGroups * BN * 128, "each warpgroup's staging fits its W columns");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const typename L::Ring ring(smem_raw);
   uint64_t* full = ring.full();
@@ -413,7 +442,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   if constexpr (kOneStaging)
     if (threadIdx.x == 0) tma::init(ring.staging_free(), 1);  // fenced by ring.init
   if (threadIdx.x == 0) ring.init(kEvery ? kGroups : 1);  // the warpgroups that compute on a stage
-  ring.zero();
+  ring.clear_zero();
   __syncthreads();
   // A programmatic dependent (block_launch.cuh): the set-up above and the producer's first plan
   // batch run while the kernel before finishes; x, W and c are touched only after the wait.
@@ -520,6 +549,16 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   constexpr bool kTurns = !kEvery && kGroups > 1;  // two warpgroups taking the block's tiles in turn
   uint64_t* order = ring.order();
   int* next_chunk = ring.next_chunk();
+  // kRingStaging: the stage whose W chunk holds this warpgroup's last tile's products until their
+  // stores have read them (-1: none). It is released once the next tile's second chunk has been
+  // waited for (the stores have long finished reading by then), or at that tile's end.
+  int held = -1;
+  const auto release_held = [&] {
+    if (tid == 0) bulk_wait_read();
+    group_barrier(group);
+    if (lane == 0) tma::arrive(&empty[held]);
+    held = -1;
+  };
   float acc[BN / 2];
   for (int c = 0, mine = 0;; ++mine) {
     const TileMeta m = next_header<kTurns, kStages>(full, headers, order, next_chunk, group, mine, c);
@@ -549,7 +588,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
         // A tall tile's warpgroup without rows (a tile of 64 rows or fewer) computes on the stale
         // half and stores nothing: the stages' barriers count both warpgroups.
         chunk_products<BN, BT, kTransW, kExtra, L::kXBytes>(
-            acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, valid, ring.zero_a(), ring.zero_b(),
+            acc, a + group * (kHalves - 1) * L::A::kBytes, b, wcol, valid, ring.zero(),
             ring.xa(stage, 0) + group * (kHalves - 1) * L::kXASliceBytes, ring.xb(stage, 0),
             (len - kAlgTmaChunk) / kSlice);
         wgmma::commit();
@@ -561,6 +600,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
           // the products has read it (wait_group completes the executing warp's).
           wgmma::wait<1>();
           if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+          if constexpr (kRingStaging)
+            if (pending != stage && held >= 0) release_held();
         }
         pending = stage;
       }
@@ -568,15 +609,24 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     if (m.t.seg_count == 0) ++c;  // the stage that carried the header alone
     if constexpr (kTurns) hand_over_turn(next_chunk, order, group, c);  // the next tile starts at stage c
     wgmma::wait<0>();
-    // The stage still held: the tile's last (deferred release), or the one that carried its header
-    // alone (a tile without segments).
-    if ((!kEagerRelease || m.t.seg_count == 0) && lane == 0) tma::arrive(&empty[pending]);
-
-    // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them).
+    // The warpgroup's rows of the tile: r0, r0 + stride, ... (g_rows of them). Rows the map's
+    // clipping bounds (all 64, or the view's last ones; the columns end with the tile or the
+    // group) leave by TMA stores; others (accumulating, unequal groups, a short tile within a
+    // class's rows) are stored from registers.
     const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
+    const bool staged = p.out_group_cols > 0 && g_rows > 0 &&
+                        (g_rows == kAlgTmaRows || r0 / p.row_stride + g_rows == p.view_rows);
+    if constexpr (kRingStaging)
+      if (held >= 0) release_held();  // a tile of one chunk
+    // The stage still held: the tile's last (deferred release), or the one that carried its header
+    // alone (a tile without segments); with the staging in the ring, a staged tile keeps it.
+    const bool hold = kRingStaging && staged;
+    if ((!kEagerRelease || m.t.seg_count == 0) && !hold && lane == 0) tma::arrive(&empty[pending]);
+
     if (g_rows <= 0) continue;
 #ifdef QUIVER_TMA_ABLATE_STORES
     if (acc[0] == 12345.0f) p.c[0] = 1;  // the products stay live
+    if (hold && lane == 0) tma::arrive(&empty[pending]);
     continue;
 #endif
     if constexpr (kOneStaging) {
@@ -584,20 +634,20 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       // the k-th), each once the one before has had its stores read it.
       const int k = 2 * mine + group;
       if (tid == 0 && k > 0) tma::wait(ring.staging_free(), (k - 1) & 1);
-      const bool staged =
-          p.out_group_cols > 0 && (g_rows == kAlgTmaRows || r0 / p.row_stride + g_rows == p.view_rows);
-      if (staged) store_tile<BN>(acc, ring.staging(), p, m, r0, wcol, group, tid, gwarp, grp, tig);
+      if (staged) store_tile<BN, false, kGroupThreads>(acc, ring.staging(), p, m, r0, wcol, group, tid, gwarp, grp, tig);
       if (tid == 0) {
         if (staged) bulk_wait_read();
         tma::arrive(ring.staging_free());
       }
       if (staged) continue;
     }
-    // Rows the map's clipping bounds (all 64, or the view's last ones; the columns end with the
-    // tile or the group) leave by TMA stores; others (accumulating, unequal groups, a short tile
-    // within a class's rows) are stored from registers.
-    if (p.out_group_cols > 0 && (g_rows == kAlgTmaRows || r0 / p.row_stride + g_rows == p.view_rows)) {
-      store_tile<BN>(acc, ring.staging() + group * BN * 128, p, m, r0, wcol, group, tid, gwarp, grp, tig);
+    if (staged) {
+      if constexpr (kRingStaging) {  // in the stage just consumed, held until the stores have read it
+        store_tile<BN, true, kGroups * kGroupThreads>(acc, ring.b(pending) + group * BN * 128, p, m, r0, wcol, group, tid, gwarp, grp, tig);
+        held = pending;
+      } else {
+        store_tile<BN, false, kGroupThreads>(acc, ring.staging() + group * BN * 128, p, m, r0, wcol, group, tid, gwarp, grp, tig);
+      }
       continue;
     }
     // Accumulator (row 16 warp + grp (+ 8), columns wcol + 8 j + 2 tig, + 1) → bf16 pairs.
@@ -643,7 +693,7 @@ __device__ __forceinline__ void zero_rows_past(unsigned char* a, unsigned char* 
   for (int e = tid; e < rows * (BN / 8); e += kGroupThreads)
     *reinterpret_cast<uint4*>(b + B::offset(count + e / (BN / 8), e % (BN / 8) * 8)) = make_uint4(0, 0, 0, 0);
   fence_proxy_async_shared();  // the tensor cores read them next
-  zeroing_barrier<kGroupThreads>(1 + group);  // this warpgroup's threads only
+  stage_barrier<kGroupThreads>(1 + group);  // this warpgroup's threads only
 }
 
 template <int BN, int kStages, int kGroups>
@@ -814,9 +864,10 @@ void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
   static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
   launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
-                            cfg.releases_at_once(), cfg.extra, cfg.one_staging>>(
+                            cfg.releases_at_once(), cfg.extra, cfg.one_staging, cfg.ring_staging>>(
       cfg.groups * kGroupThreads + 32,
-      RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra, cfg.one_staging>::kSmem,
+      RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra, cfg.one_staging,
+                cfg.ring_staging>::kSmem,
       a.num_tiles, cfg.persistent, a, stream);
 }
 
