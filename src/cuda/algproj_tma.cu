@@ -634,7 +634,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       // the k-th), each once the one before has had its stores read it.
       const int k = 2 * mine + group;
       if (tid == 0 && k > 0) tma::wait(ring.staging_free(), (k - 1) & 1);
-      if (staged) store_tile<BN, false, kGroupThreads>(acc, ring.staging(), p, m, r0, wcol, group, tid, gwarp, grp, tig);
+      if (staged)
+        store_tile<BN, false, kGroupThreads>(acc, ring.staging(), p, m, r0, wcol, group, tid, gwarp, grp, tig);
       if (tid == 0) {
         if (staged) bulk_wait_read();
         tma::arrive(ring.staging_free());
@@ -643,10 +644,12 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
     }
     if (staged) {
       if constexpr (kRingStaging) {  // in the stage just consumed, held until the stores have read it
-        store_tile<BN, true, kGroups * kGroupThreads>(acc, ring.b(pending) + group * BN * 128, p, m, r0, wcol, group, tid, gwarp, grp, tig);
+        store_tile<BN, true, kGroups * kGroupThreads>(acc, ring.b(pending) + group * BN * 128, p, m, r0, wcol, group,
+                                                      tid, gwarp, grp, tig);
         held = pending;
       } else {
-        store_tile<BN, false, kGroupThreads>(acc, ring.staging() + group * BN * 128, p, m, r0, wcol, group, tid, gwarp, grp, tig);
+        store_tile<BN, false, kGroupThreads>(acc, ring.staging() + group * BN * 128, p, m, r0, wcol, group, tid,
+                                             gwarp, grp, tig);
       }
       continue;
     }
