@@ -599,9 +599,10 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
           // The previous chunk's products are done: its stage is free once every warp's share of
           // the products has read it (wait_group completes the executing warp's).
           wgmma::wait<1>();
-          if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
-          if constexpr (kRingStaging)
-            if (pending != stage && held >= 0) release_held();
+          if (pending != stage) {
+            if (lane == 0) tma::arrive(&empty[pending]);
+            if (kRingStaging && held >= 0) release_held();
+          }
         }
         pending = stage;
       }
