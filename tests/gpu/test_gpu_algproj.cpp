@@ -893,11 +893,16 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
     // Narrow groups (16 and 64 columns) keep the float64 references quick.
     check_case({"Q4", {}, {}, 64, 256}, make_types(Sched::Cyclic, 4096, 4, 1), 431 + c, k);
     check_case({"Q2xQ2", {}, {}, 64, 192}, make_types(Sched::Interval, 3000, 4, 2), 441 + c, k);
-    // Output groups of 800 (tiles of 384, 384 and 32 for the widest configuration, whose second
-    // warpgroup then stores too) over input groups of 80 (a tail of one slice and zero steps).
-    // 256 rows keep the float64 references quick.
-    check_case({"Q4", {}, {}, 320, 3200}, make_types(Sched::Cyclic, 256, 4, 1), 451 + c, k);
   }
+  // Output groups of 800 (tiles of 384, 384 and 32 for the widest configuration, whose second
+  // warpgroup then stores too) over input groups of 80 (a tail of one slice and zero steps):
+  // every configuration on one input, so that its float64 references are computed once.
+  std::vector<cuda::AlgProj::Kernels> every;
+  for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
+    const AlgKernel tma{AlgKernel::Kind::Tma, c};
+    every.push_back({tma, tma, std::nullopt});
+  }
+  check_case({"Q4", {}, {}, 320, 3200}, make_types(Sched::Cyclic, 512, 4, 1), 451, every);
   // Rows it cannot read as boxes: a clear error, not a wrong result.
   cuda::AlgProj gpu(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 512));
   gpu.set_kernels({AlgKernel{AlgKernel::Kind::Tma, 0}, std::nullopt, std::nullopt});
