@@ -559,6 +559,116 @@ TEST(AlgProjTiles, PairPlansSayWhyNot) {
             std::string::npos);
 }
 
+// A two-group plan run as the kernel runs it: segment 0 on both groups of the tile, segment 1 on
+// the left group's columns only, segment 2 on the right group's.
+Tensor run_two_group_plan(const ops::AlgRowPlan& p, const Tensor& x, const Tensor& w, std::vector<int>& writes) {
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(1);
+  Tensor out = quiver::testing::poisoned({M, N}, DType::F64);
+  writes.assign(static_cast<size_t>(M * N), 0);
+  const double* X = x.data<double>();
+  const double* W = w.data<double>();
+  for (const ops::AlgRowTile& t : p.tiles) {
+    EXPECT_EQ(t.seg_count, 3);
+    EXPECT_EQ(t.slot, -1);
+    const int32_t half = t.ncols / 2;
+    for (int32_t r = 0; r < t.row_count; ++r) {
+      const int64_t m = p.rows[t.row_begin + r];
+      for (int32_t c = 0; c < t.ncols; ++c) {
+        const int64_t col = t.col0 + c;
+        double acc = 0;
+        for (int32_t s = 0; s < 3; ++s) {
+          if ((s == 1 && c >= half) || (s == 2 && c < half)) continue;
+          const ops::AlgSegment seg = p.segments[t.seg_begin + s];
+          for (int32_t k = seg.k0; k < seg.k0 + seg.len; ++k) acc += X[m * K + k] * W[k * N + col];
+        }
+        out.data<double>()[m * N + col] = acc;
+        ++writes[static_cast<size_t>(m * N + col)];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AlgProjTiles, TwoGroupPlansReproduceTheFormula) {
+  struct TwoCase {
+    std::string law;
+    int64_t in, out, M;
+    bool interval;
+    int tile_rows, half_cols;
+  };
+  // Qwen3-30B-A3B's expert in miniature (Q_16, blocks of 128 into groups of 48, 128-row tiles of
+  // a class's 32 rows), groups narrower than the half tile, interval rows, and a class cut into
+  // several tiles with a short last one.
+  const TwoCase cases[] = {
+      {"Q16", 128, 48, 512, false, 128, 48}, {"Q8", 64, 40, 256, false, 128, 64},
+      {"Q4", 64, 16, 256, true, 128, 48},    {"Q4", 128, 24, 640, false, 64, 32},
+  };
+  for (const TwoCase& c : cases) {
+    const algebra::Law law = algebra::Law::parse(c.law);
+    const int q = law.q();
+    SCOPED_TRACE(c.law + " in " + std::to_string(c.in) + " out " + std::to_string(c.out));
+    const algebra::GroupWidths widths = algebra::GroupWidths::equal(q, q * c.in, q * c.out);
+    const std::vector<int> types = c.interval ? algebra::Schedule::interval(c.M).types(0, c.M, q)
+                                              : algebra::Schedule::cyclic().types(0, c.M, q);
+    const ops::AlgTwoGroupPlan two = ops::plan_two_group_pass(law, widths, types, c.tile_rows, c.half_cols, 64);
+    ASSERT_FALSE(two.plan.tiles.empty()) << two.why_not;
+    EXPECT_TRUE(two.why_not.empty());
+    const ops::AlgRowPlan& p = two.plan;
+    EXPECT_GT(ops::uniform_row_stride(p, c.M), 0);
+    for (const ops::AlgRowTile& t : p.tiles) {
+      EXPECT_LE(t.row_count, c.tile_rows);
+      EXPECT_EQ(t.ncols, 2 * c.out);
+      EXPECT_EQ(t.col0 % (2 * c.out), 0) << "a tile starts at an even group";
+    }
+    for (const ops::AlgSegment& sg : p.segments) EXPECT_EQ(sg.len % 64, 0);
+    Rng rng(43);
+    const Tensor x = quiver::testing::random_tensor({c.M, widths.K()}, DType::F64, rng);
+    const Tensor w = quiver::testing::random_tensor({widths.K(), widths.N()}, DType::F64, rng);
+    Tensor ref = Tensor::empty({c.M, widths.N()}, DType::F64);
+    ops::algproj_reference_forward(x, w, law, widths, types, ref);
+    std::vector<int> writes;
+    const Tensor y = run_two_group_plan(p, x, w, writes);
+    EXPECT_TRUE(each_once(writes));
+    EXPECT_LT(max_abs_diff(y, ref), 1e-9);
+    const std::vector<double> cost = algebra::type_costs(law, widths);
+    double expected = 0;
+    for (int t : types) expected += cost[t];
+    EXPECT_EQ(static_cast<double>(p.macs), expected);
+  }
+}
+
+TEST(AlgProjTiles, TwoGroupPlansSayWhyNot) {
+  const std::vector<int> cyclic = algebra::Schedule::cyclic().types(0, 2048, 16);
+  auto why = [](const algebra::Law& law, const algebra::GroupWidths& widths, const std::vector<int>& types,
+                int half_cols) {
+    const ops::AlgTwoGroupPlan p = ops::plan_two_group_pass(law, widths, types, 128, half_cols, 64);
+    EXPECT_TRUE(p.plan.tiles.empty());
+    return p.why_not;
+  };
+  const algebra::GroupWidths expert = algebra::GroupWidths::equal(16, 2048, 768);
+  EXPECT_NE(why(algebra::Law::dense(16), expert, cyclic, 48).find("at most its own"), std::string::npos);
+  EXPECT_NE(why(algebra::Law::parse("graph:4:0>1,1>2,2>3,3>0"), algebra::GroupWidths::equal(4, 512, 192),
+                algebra::Schedule::cyclic().types(0, 512, 4), 48)
+                .find("at most its own"),
+            std::string::npos);
+  EXPECT_NE(why(algebra::Law::complete(16), expert, cyclic, 32).find("store box"), std::string::npos);
+  EXPECT_NE(why(algebra::Law::complete(16), algebra::GroupWidths::equal(16, 16 * 96, 768), cyclic, 48)
+                .find("whole chunks"),
+            std::string::npos);
+  std::vector<int64_t> out(16, 48);
+  out[0] = 40;
+  out[1] = 56;
+  EXPECT_NE(why(algebra::Law::complete(16), algebra::GroupWidths{std::vector<int64_t>(16, 128), out}, cyclic, 64)
+                .find("unequal"),
+            std::string::npos);
+  std::vector<int> scattered = cyclic;
+  std::swap(scattered[0], scattered[17]);  // type 0's rows 1, 16, 32, ...: no progression
+  EXPECT_NE(why(algebra::Law::complete(16), expert, scattered, 48).find("progression"), std::string::npos);
+  EXPECT_NE(why(algebra::Law::complete(3), algebra::GroupWidths::equal(3, 192, 48), algebra::Schedule::cyclic().types(0, 96, 3), 48)
+                .find("odd"),
+            std::string::npos);
+}
+
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,
 // together exactly each tile's rows; cyclic types cut along one type's stride, interval types
 // along their runs, a multi-type list of cyclic types per type; random types refused.

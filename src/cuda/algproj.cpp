@@ -301,12 +301,12 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Tma) {
     const bool dw = pass == ops::AlgPass::DW;
     const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}{}x{}{}{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk,
+    return fmt::format("tma {}x{} k{}{}x{}{}{}{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk,
                        c.extra > 0 ? fmt::format("+{}", 16 * c.extra) : "", c.stages,
                        c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.cooperative ? " cooperative" : "",
                        c.tall ? " tall" : "", c.persistent ? " persistent" : "", c.eager ? " eager" : "",
                        c.one_staging ? " one-staging" : "", c.ring_staging ? " ring-staging" : "",
-                       k.split ? " split" : "");
+                       c.two_groups ? " two-group" : "", k.split ? " split" : "");
   }
   if (k.kind == AlgKernel::Kind::Pair) {
     const detail::AlgPairConfig& c = detail::kAlgPairConfigs[k.config];
@@ -427,12 +427,19 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     // The TMA row pass has no reduction pass: its plans are not split (docs/decisions.md).
     // Packed configurations run packed plans, never split (ops/algproj_tiles.h).
     packed = kernel.kind == AlgKernel::Kind::Fused && detail::kAlgRowConfigs[kernel.config].packed;
+    // Two-group configurations run two-group plans (forward only; none for dX).
+    const bool two_groups = kernel.kind == AlgKernel::Kind::Tma && detail::kAlgTmaConfigs[kernel.config].two_groups;
     const ops::AlgRowPlan p =
-        ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
-                           kernel.kind != AlgKernel::Kind::Tma && !packed,
-                           packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
+        two_groups ? (pass == ops::AlgPass::Forward
+                          ? ops::plan_two_group_pass(law_, widths_, types, tile_rows,
+                                                     detail::kAlgTmaConfigs[kernel.config].cols, detail::kAlgTmaChunk)
+                                .plan
+                          : ops::AlgRowPlan{})
+                   : ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
+                                        kernel.kind != AlgKernel::Kind::Tma && !packed,
+                                        packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
     if (kernel.kind == AlgKernel::Kind::Tma) {
-      d.tma_stride = ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
+      d.tma_stride = p.tiles.empty() ? 0 : ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
       const int extra = detail::kAlgTmaConfigs[kernel.config].extra;
       d.tma_extra_idle = extra > 0 && std::all_of(p.segments.begin(), p.segments.end(), [&](const ops::AlgSegment& s) {
                            return detail::tma_chunks(s.len, extra) == detail::tma_chunks(s.len, 0);
@@ -576,6 +583,16 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     return;
   }
   if (kernel.kind == AlgKernel::Kind::Tma) {
+    QV_CHECK(!detail::kAlgTmaConfigs[kernel.config].two_groups || d.tma_stride > 0,
+             "algproj: {} runs the forward of a two-group plan (ops::plan_two_group_pass: an even q, every group "
+             "over the row type's block and at most its own, equal output groups of at most {} columns, input "
+             "blocks of whole 64-column chunks, each tile's rows in one progression); this is {}",
+             kernel_name(pass, kernel), detail::kAlgTmaConfigs[kernel.config].cols,
+             pass == ops::AlgPass::Forward
+                 ? ops::plan_two_group_pass(law_, widths_, types, detail::kAlgTmaConfigs[kernel.config].tile_rows(),
+                                            detail::kAlgTmaConfigs[kernel.config].cols, detail::kAlgTmaChunk)
+                       .why_not
+                 : std::string("the dX pass"));
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
              "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
              "interval row types, M a multiple of the stride) and group offsets that are multiples of 8");

@@ -79,7 +79,9 @@ inline constexpr int kAlgTmaRows = 64, kAlgTmaChunk = 64;
 // (cooperative): the warpgroups lay out a tile's products in the W chunk of the tile's last
 // stage, which they alone read (each its own columns), and release that stage to the producer
 // once the stores have read it, during the next tile's products; no staging of its own, so that
-// 64 x 384 tiles keep four stages of 56 KiB.
+// 64 x 384 tiles keep four stages of 56 KiB. `two_groups` (tall, forward only): tiles of a
+// two-group plan (ops::plan_two_group_pass), 128 rows × two adjacent output groups of at most
+// `cols` columns each, so that the typed block's x is read once for both groups.
 struct AlgTmaConfig {
   int cols, stages, groups;
   bool persistent;
@@ -89,7 +91,8 @@ struct AlgTmaConfig {
   int extra = 0;
   bool one_staging = false;
   bool ring_staging = false;
-  constexpr int tile_cols() const { return cooperative ? groups * cols : cols; }
+  bool two_groups = false;
+  constexpr int tile_cols() const { return cooperative ? groups * cols : two_groups ? 2 * cols : cols; }
   constexpr int tile_rows() const { return tall ? 2 * kAlgTmaRows : kAlgTmaRows; }
   constexpr bool releases_at_once() const { return groups == 1 || eager; }
 };
@@ -124,6 +127,9 @@ constexpr AlgTmaConfig kAlgTmaConfigs[] = {
     {128, 8, 2, true, false, false, true, 0, true},
     // Cooperative 64 x 384 with the staging in the ring: x's box read once for 384 columns.
     {192, 4, 2, true, true, false, false, 0, false, true},
+    // Two groups a tall tile (Q_q's narrow groups: Qwen3-30B-A3B's expert, groups of 48): the
+    // whole tile's six chunks in flight.
+    {48, 6, 2, true, false, true, false, 0, false, false, true},
 };
 constexpr int kAlgTmaConfigCount = sizeof(kAlgTmaConfigs) / sizeof(kAlgTmaConfigs[0]);
 

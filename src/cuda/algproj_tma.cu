@@ -678,6 +678,205 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   if (tid == 0) bulk_wait();  // the warpgroup's last stores are complete
 }
 
+// ---- Two-group tall tiles (forward) --------------------------------------------------------
+// The tiles of a two-group plan (ops::plan_two_group_pass): up to 128 rows of one type, two
+// warpgroups one above the other as in a tall tile, × two adjacent output groups of at most BN
+// columns each. A tile's segments are, by position, the typed block (both groups), the left
+// group's own block and the right group's (length 0 where it adds nothing), each a whole number
+// of 64-deep chunks. A chunk's stage holds both 64-row A chunks and two W boxes of one 64-column
+// panel: from the left group's first column and from the right group's; a chunk of an own block
+// loads only its group's. Per chunk each warpgroup issues four k16 steps (m64nBNk16) into the
+// left group's accumulators and four into the right group's, a step whose box the chunk does not
+// have reading zero operands, so that every chunk issues the same instructions (ptxas serializes
+// wgmma on divergent paths). The typed block's rows of x are thus received once for two groups:
+// at Qwen3-30B-A3B's expert (Q_16, blocks of 128, groups of 48) a tile receives 160 KB, where the
+// tall 128 x 64 tiles receive 2 × 96 for the same outputs. Six stages hold a whole tile of that
+// shape, so a block with one tile has every load in flight at once. The epilogue lays out each
+// group's products in a 64-column panel of the warpgroup's own staging and stores one box per
+// group, clipped by the map at the group's end; tiles the map cannot bound are stored from
+// registers, as in the row pass.
+template <int kStages>
+using TwoGroupLayout = TmaLayout<128, kStages, 2 * 2 * wgmma::Panels<64>::kPanelBytes, 2>;
+
+template <int BN, int kStages>
+__global__ void __launch_bounds__(2 * kGroupThreads + 32, 1)
+    algproj_tma_two_group_kernel(const __grid_constant__ AlgTmaArgs p) {
+  static_assert(BN % 16 == 0 && BN <= 64, "a group's columns are one 64-column panel");
+  using P = wgmma::Panels<64>;  // a W box, and a group's staging
+  using L = TwoGroupLayout<kStages>;
+  static_assert(L::kBBytes == 2 * P::kPanelBytes, "a stage holds two W boxes");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const typename L::Ring ring(smem_raw);
+  uint64_t* full = ring.full();
+  uint64_t* empty = ring.empty();
+  TileMeta* headers = ring.headers();
+  if (threadIdx.x == 0) ring.init(2);  // both warpgroups read every stage
+  ring.clear_zero();
+  __syncthreads();
+  pdl_trigger();  // a programmatic dependent (block_launch.cuh), as the row pass
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kSegs = 3;
+
+  if (warp == 2 * kGroupThreads / 32) {  // the producer warp: lane 0 issues, all load metadata
+    const int s_rows = p.row_stride;
+    int c = 0;
+    const auto take = [&](bool first, const TileMeta& m) {
+      const int stage = c % kStages;
+      if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
+      if (first) headers[stage] = m;
+      return stage;
+    };
+    for (int first = blockIdx.x; first < p.num_tiles; first += kMetaBatch * gridDim.x) {
+      const TileMeta mine = load_tile_meta(p, first + lane * gridDim.x);
+      if (first == blockIdx.x) pdl_wait();
+      for (int b = 0; b < kMetaBatch && first + b * gridDim.x < p.num_tiles; ++b) {
+        const TileMeta m = shfl_tile_meta(mine, b);
+        if (lane != 0) continue;
+        const ops::AlgRowTile& t = m.t;
+        const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
+        const int halves = t.row_count > kAlgTmaRows ? 2 : 1;
+        const int c_first = c;
+#pragma unroll
+        for (int sg = 0; sg < kSegs; ++sg) {
+          const ops::AlgSegment seg = tile_segment(m, p, sg);
+          for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+            const int stage = take(c == c_first, m);
+            tma::arrive_expect(&full[stage], halves * L::A::kBytes + (sg == 0 ? 2 : 1) * P::kPanelBytes);
+            for (int h = 0; h < halves; ++h) {
+              if (s_rows > 1)
+                tma::load_3d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], k0, cls, i0 + kAlgTmaRows * h);
+              else
+                tma::load_2d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], k0, m.r_first + kAlgTmaRows * h);
+            }
+            if (sg != 2) tma::load_2d(ring.b(stage), &p.w, &full[stage], t.col0, k0);
+            if (sg != 1) tma::load_2d(ring.b(stage) + P::kPanelBytes, &p.w, &full[stage], t.col0 + t.ncols / 2, k0);
+          }
+        }
+        if (c == c_first) {  // no chunks: a stage with the header alone
+          tma::arrive(&full[take(true, m)]);
+          ++c;
+        }
+      }
+    }
+    if (lane == 0) tma::arrive(&full[take(true, TileMeta{})]);  // the end: a header with no rows
+    return;
+  }
+
+  pdl_wait();  // before the consumers write c
+  const int group = warp / 4, gwarp = warp % 4, tid = threadIdx.x % kGroupThreads;
+  const int grp = lane / 4, tig = lane % 4;
+  const int row0 = kAlgTmaRows * group;
+  const uint64_t za = zero_operand<2 * kSlice>(ring.zero()), zb = zero_operand<128>(ring.zero());
+  float acc_l[BN / 2], acc_r[BN / 2];  // the left group's products, the right group's
+  for (int c = 0, mine = 0;; ++mine) {
+    const TileMeta m = next_header<false, kStages>(full, headers, ring.order(), ring.next_chunk(), group, mine, c);
+    if (m.t.row_count == 0) break;  // the end
+    const int c_first = c;
+#pragma unroll
+    for (int e = 0; e < BN / 2; ++e) acc_l[e] = acc_r[e] = 0.0f;
+    int pending = c % kStages;  // the stage whose products are still in flight (or the header's)
+#pragma unroll
+    for (int sg = 0; sg < kSegs; ++sg) {
+      const ops::AlgSegment seg = tile_segment(m, p, sg);
+      const bool left = sg != 2, right = sg != 1;
+      for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+        const int stage = c % kStages;
+        tma::wait(&full[stage], (c / kStages) & 1);
+        unsigned char* a = ring.a(stage) + group * L::A::kBytes;  // a warpgroup without rows reads stale bytes
+        unsigned char* b = ring.b(stage);
+        uint64_t dal[4], dbl[4], dar[4], dbr[4];  // selected before the fence
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t da = L::A::k_major(a, kSlice * kk);
+          dal[kk] = left ? da : za;
+          dbl[kk] = left ? P::mn_major(b, kSlice * kk) : zb;
+          dar[kk] = right ? da : za;
+          dbr[kk] = right ? P::mn_major(b + P::kPanelBytes, kSlice * kk) : zb;
+        }
+        wgmma::fence();
+#ifndef QUIVER_TMA_ABLATE_PRODUCTS
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma::mma<BN, 0, 1>(acc_l, dal[kk], dbl[kk], true);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma::mma<BN, 0, 1>(acc_r, dar[kk], dbr[kk], true);
+#endif
+        wgmma::commit();
+        wgmma::wait<1>();  // the previous chunk's products are done (this warp's share)
+        if (pending != stage && lane == 0) tma::arrive(&empty[pending]);
+        pending = stage;
+      }
+    }
+    if (c == c_first) ++c;  // the stage that carried the header alone
+    wgmma::wait<0>();
+    if (lane == 0) tma::arrive(&empty[pending]);  // the tile's last stage
+
+    const int g_rows = min(kAlgTmaRows, m.t.row_count - row0), r0 = m.r_first + p.row_stride * row0;
+    if (g_rows <= 0) continue;
+    const int half = m.t.ncols / 2;
+    const bool staged =
+        p.out_group_cols > 0 && (g_rows == kAlgTmaRows || r0 / p.row_stride + g_rows == p.view_rows);
+#ifdef QUIVER_TMA_ABLATE_STORES
+    if (acc_l[0] + acc_r[0] == 12345.0f) p.c[0] = 1;  // the products stay live
+    continue;
+#endif
+    if (staged) {
+      unsigned char* staging = ring.staging() + group * 2 * P::kPanelBytes;  // this warpgroup's two panels
+      if (tid == 0) bulk_wait_read();  // its previous tile's stores have read them
+      group_barrier(group);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * gwarp + grp + 8 * hf;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj) {
+          const uint32_t o = P::offset(i, 8 * jj + 2 * tig);
+          *reinterpret_cast<__nv_bfloat162*>(staging + o) =
+              __floats2bfloat162_rn(acc_l[4 * jj + 2 * hf], acc_l[4 * jj + 2 * hf + 1]);
+          *reinterpret_cast<__nv_bfloat162*>(staging + P::kPanelBytes + o) =
+              __floats2bfloat162_rn(acc_r[4 * jj + 2 * hf], acc_r[4 * jj + 2 * hf + 1]);
+        }
+      }
+      fence_proxy_async_shared();  // the copy engine reads them next
+      group_barrier(group);
+      if (tid == 0) {
+        const int g = m.t.col0 / p.out_group_cols, cls = r0 % p.row_stride, i0 = r0 / p.row_stride;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (p.row_stride > 1)
+            tma::store_4d(&p.y, staging + h * P::kPanelBytes, 0, g + h, cls, i0);
+          else
+            tma::store_3d(&p.y, staging + h * P::kPanelBytes, 0, g + h, r0);
+        }
+        tma::bulk_commit();
+      }
+      continue;
+    }
+    // Accumulator (row 16 warp + grp (+ 8), group columns 8 j + 2 tig, + 1) → bf16 pairs.
+    const auto store_pair = [&](uint16_t* out, int col, float v0, float v1) {
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
+      if (p.accumulate) {
+        const float2 old = __bfloat1622float2(*dst);
+        v0 += old.x;
+        v1 += old.y;
+      }
+      *dst = __floats2bfloat162_rn(v0, v1);
+    };
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = 16 * gwarp + grp + 8 * hf;
+      if (i >= g_rows) continue;
+      uint16_t* out = p.c + static_cast<int64_t>(r0 + p.row_stride * i) * p.ldc + m.t.col0;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj) {
+        const int col = 8 * jj + 2 * tig;
+        if (col >= half) continue;
+        store_pair(out, col, acc_l[4 * jj + 2 * hf], acc_l[4 * jj + 2 * hf + 1]);
+        store_pair(out + half, col, acc_r[4 * jj + 2 * hf], acc_r[4 * jj + 2 * hf + 1]);
+      }
+    }
+  }
+  if (tid == 0) bulk_wait();  // the warpgroup's last stores are complete
+}
+
 // ---- Weight pass ----------------------------------------------------------------------------
 // dW tiles walked as the row pass walks its tiles: one block per tile, or persistent (the blocks
 // that fit at once, each walking every gridDim-th tile; with two consumer warpgroups taking the
@@ -866,13 +1065,22 @@ void tma_weight_configs(const AlgTmaWeightArgs& a, int config, cudaStream_t stre
 template <int I, bool kTransW>
 void tma_config(const AlgTmaArgs& a, cudaStream_t stream) {
   constexpr AlgTmaConfig cfg = kAlgTmaConfigs[I];
-  static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
-  launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
-                            cfg.releases_at_once(), cfg.extra, cfg.one_staging, cfg.ring_staging>>(
-      cfg.groups * kGroupThreads + 32,
-      RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra, cfg.one_staging,
-                cfg.ring_staging>::kSmem,
-      a.num_tiles, cfg.persistent, a, stream);
+  if constexpr (cfg.two_groups) {
+    // Forward only: AlgProj gives dX no two-group plan and refuses the configuration there.
+    static_assert(cfg.tall && cfg.groups == 2 && !cfg.cooperative && cfg.extra == 0, "two groups: a tall tile's");
+    if constexpr (!kTransW)
+      launch<algproj_tma_two_group_kernel<cfg.cols, cfg.stages>>(2 * kGroupThreads + 32,
+                                                                 TwoGroupLayout<cfg.stages>::kSmem, a.num_tiles,
+                                                                 cfg.persistent, a, stream);
+  } else {
+    static_assert(!cfg.eager || (cfg.groups == 2 && !cfg.cooperative && !cfg.tall), "eager: two warpgroups in turn");
+    launch<algproj_tma_kernel<cfg.cols, cfg.stages, kTransW, cfg.groups, cfg.cooperative, cfg.tall,
+                              cfg.releases_at_once(), cfg.extra, cfg.one_staging, cfg.ring_staging>>(
+        cfg.groups * kGroupThreads + 32,
+        RowLayout<cfg.cols, cfg.stages, cfg.groups, cfg.cooperative, cfg.tall, cfg.extra, cfg.one_staging,
+                  cfg.ring_staging>::kSmem,
+        a.num_tiles, cfg.persistent, a, stream);
+  }
 }
 
 template <int... I>

@@ -300,6 +300,83 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   return plan;
 }
 
+AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
+                                    const std::vector<int>& row_types, int tile_rows, int half_cols, int chunk) {
+  check_plan_args(law, widths, row_types, tile_rows, half_cols);
+  QV_CHECK(chunk > 0, "algproj two-group plan: chunk {} must be positive", chunk);
+  AlgTwoGroupPlan out;
+  auto fail = [&](std::string why) {
+    out.plan = AlgRowPlan{};
+    out.why_not = std::move(why);
+    return out;
+  };
+  const int q = law.q();
+  if (q % 2 != 0) return fail("an odd number of groups");
+  for (int a = 0; a < q; ++a)
+    for (int d = 0; d < q; ++d) {
+      const std::vector<int>& b = law.support(a, d);
+      const bool typed = std::find(b.begin(), b.end(), a) != b.end();
+      const bool rest_own = std::all_of(b.begin(), b.end(), [&](int g) { return g == a || g == d; });
+      if (!typed || !rest_own) return fail("a group's blocks are not the row type's and at most its own");
+    }
+  const int64_t n_out = widths.out[0];
+  for (int g = 0; g < q; ++g) {
+    if (widths.out[g] != n_out) return fail("unequal output groups");
+    if (widths.in[g] == 0 || widths.in[g] % chunk != 0) return fail("an input block is not whole chunks");
+  }
+  if (n_out == 0 || n_out % kAlgTmaAlign != 0 || n_out > half_cols) return fail("an output group is no store box");
+  const std::vector<int64_t> k_off = widths.in_offsets(), n_off = widths.out_offsets();
+  AlgRowPlan& plan = out.plan;
+  plan.slot_rows = tile_rows;
+  plan.slot_cols = 2 * half_cols;
+  std::vector<std::vector<int32_t>> rows_of(q);
+  for (size_t m = 0; m < row_types.size(); ++m) rows_of[row_types[m]].push_back(static_cast<int32_t>(m));
+  // Segment slots of type a and the pair (d, d + 1); a slot's length 0 where it adds nothing.
+  const auto block = [&](int g, bool used) {
+    return AlgSegment{narrow(k_off[g], "column"), used ? narrow(k_off[g + 1] - k_off[g], "column") : 0};
+  };
+  std::vector<int64_t> red;  // each tile's reduction, both groups counted
+  for (int a = 0; a < q; ++a) {
+    const std::vector<int32_t>& rows = rows_of[a];
+    if (rows.empty()) continue;
+    const int32_t row_begin = static_cast<int32_t>(plan.rows.size());
+    plan.rows.insert(plan.rows.end(), rows.begin(), rows.end());
+    for (int d = 0; d < q; d += 2) {
+      const int32_t seg_begin = static_cast<int32_t>(plan.segments.size());
+      plan.segments.push_back(block(a, true));
+      for (int g = d; g < d + 2; ++g) {
+        const std::vector<int>& b = law.support(a, g);
+        plan.segments.push_back(block(g, g != a && std::find(b.begin(), b.end(), g) != b.end()));
+      }
+      for (int32_t r0 = 0; r0 < static_cast<int32_t>(rows.size()); r0 += tile_rows) {
+        AlgRowTile t;
+        t.row_begin = row_begin + r0;
+        t.row_count = std::min<int32_t>(tile_rows, static_cast<int32_t>(rows.size()) - r0);
+        t.col0 = narrow(n_off[d], "column");
+        t.ncols = narrow(2 * n_out, "column");
+        t.seg_begin = seg_begin;
+        t.seg_count = 3;
+        t.slot = -1;
+        plan.tiles.push_back(t);
+        const int64_t own = plan.segments[seg_begin + 1].len + plan.segments[seg_begin + 2].len;
+        red.push_back(2 * plan.segments[seg_begin].len + own);
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.tiles.size(); ++i) plan.macs += static_cast<int64_t>(plan.tiles[i].row_count) * n_out * red[i];
+  // Longest reduction first, as the other row plans.
+  std::vector<size_t> order(plan.tiles.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return red[x] > red[y]; });
+  std::vector<AlgRowTile> sorted;
+  sorted.reserve(order.size());
+  for (size_t i : order) sorted.push_back(plan.tiles[i]);
+  plan.tiles = std::move(sorted);
+  if (tile_row_stride(plan, static_cast<int64_t>(row_types.size())) == 0)
+    return fail("a tile's rows are not one progression of one stride");
+  return out;
+}
+
 int tile_row_stride(const AlgRowPlan& plan, int64_t M) {
   int stride = 0;
   for (const AlgRowTile& t : plan.tiles) {

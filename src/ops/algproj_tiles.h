@@ -119,6 +119,23 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
                          int tile_cols, bool split = true, int pack_chunk = 0);
 constexpr int kAlgSplitAlign = 64;
 
+// Two-group plans (forward only; the Hopper row pass's two-group configurations,
+// src/cuda/algproj_tma.cu). Where every output group δ of every type α reduces over the typed
+// block α and at most its own block δ (Q_q: B(α, δ) = {α, δ}), a tile is up to tile_rows rows of
+// one type × the output groups δ = 2j and 2j + 1 side by side, so that the typed block's rows of
+// x are read once for both. Every tile has exactly three segments, by position: the typed block
+// (applied to both groups), group 2j's own block (its left group_cols columns only) and group
+// 2j + 1's (its right ones); an own block that is the typed block, or that the group does not
+// reduce over, has length 0. The plan has no tiles (why_not says why) unless q is even, the
+// output groups are equally wide (a multiple of kAlgTmaAlign, at most half_cols), every input
+// block is a positive multiple of `chunk` wide and each tile's rows are one progression.
+struct AlgTwoGroupPlan {
+  AlgRowPlan plan;
+  std::string why_not;
+};
+AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
+                                    const std::vector<int>& row_types, int tile_rows, int half_cols, int chunk);
+
 // The stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (each
 // tile's rows one box of a strided view of the input: cyclic types s = q, contiguous ones 1),
 // with M a multiple of s, and every segment's first reduction column and every tile's first

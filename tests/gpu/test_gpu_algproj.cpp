@@ -858,12 +858,60 @@ TEST(GpuAlgProj, TmaTailsPastTheSegment) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
   for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
+    if (cuda::detail::kAlgTmaConfigs[c].two_groups) continue;  // Q_q forwards only: TmaTwoGroupForward
     SCOPED_TRACE("tma config " + std::to_string(c));
     const AlgKernel tma{AlgKernel::Kind::Tma, c};
     const cuda::AlgProj::Kernels k{tma, tma, AlgKernel{AlgKernel::Kind::Fused, 0}};
     for (const int64_t w : {72, 88, 104, 120}) {
       const Case cs{"Q4", {w, w, w, w}, {w + 64, w + 64, w + 64, w + 64}};
       check_case(cs, make_types(Sched::Cyclic, 256, 4, 1), 471 + c, k);
+    }
+  }
+}
+
+TEST(GpuAlgProj, TmaTwoGroupForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The two-group configurations pinned for the forward (dX and dW by the products schedule):
+  // Qwen3-30B-A3B's expert (Q_16, blocks of 128, groups of 48, 128 rows a type), groups narrower
+  // than the tile's half, partial tiles (65 rows a type: the second warpgroup's one row, clipped by
+  // the map at the view's end), contiguous rows (75 a type: a second warpgroup's 11 rows stored
+  // from registers), several tiles a type, one decode row; a shape without a plan and the dX pass
+  // refused. check_case's accumulating call stores every tile from registers.
+  for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
+    if (!cuda::detail::kAlgTmaConfigs[c].two_groups) continue;
+    SCOPED_TRACE("tma config " + std::to_string(c));
+    const AlgKernel tma{AlgKernel::Kind::Tma, c};
+    const cuda::AlgProj::Kernels k{tma, kProducts, kProducts};
+    check_case({"Q16", {}, {}, 2048, 768}, make_types(Sched::Cyclic, 2048, 16, 1), 501 + c, k);
+    check_case({"Q4", {}, {}, 256, 64}, make_types(Sched::Cyclic, 260, 4, 1), 511 + c, k);
+    check_case({"Q4", {}, {}, 512, 192}, make_types(Sched::Interval, 300, 4, 2), 521 + c, k);
+    check_case({"Q8", {}, {}, 512, 384}, make_types(Sched::Cyclic, 1096, 8, 1), 531 + c, k);
+    check_case({"Q4", {}, {}, 256, 128}, {2}, 541 + c, k);
+    // Where it has no plan (groups of 100 > 48, or the dX pass), a pinned two-group configuration
+    // says so.
+    cuda::AlgProj wide(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 256, 400));
+    wide.set_kernels({tma, std::nullopt, std::nullopt});
+    const Tensor x = Tensor::zeros({64, 256}, DType::BF16, Device::CUDA);
+    const Tensor w = Tensor::zeros({256, 400}, DType::BF16, Device::CUDA);
+    Tensor y = Tensor::empty({64, 400}, DType::BF16, Device::CUDA);
+    try {
+      wide.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("store box"), std::string::npos) << e.what();
+    }
+    cuda::AlgProj dx_pinned(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 256, 128));
+    dx_pinned.set_kernels({std::nullopt, tma, std::nullopt});
+    const Tensor x2 = Tensor::zeros({64, 256}, DType::BF16, Device::CUDA);
+    const Tensor w2 = Tensor::zeros({256, 128}, DType::BF16, Device::CUDA);
+    const Tensor dy2 = Tensor::zeros({64, 128}, DType::BF16, Device::CUDA);
+    Tensor dx2 = Tensor::empty({64, 256}, DType::BF16, Device::CUDA);
+    try {
+      dx_pinned.backward(x2, w2, dy2, make_types(Sched::Cyclic, 64, 4, 1), &dx2, nullptr);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("dX pass"), std::string::npos) << e.what();
     }
   }
 }
@@ -880,6 +928,7 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
       graph{"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, unequal{"Q4", {80, 160, 64, 96}, {128, 64, 176, 256}},
       narrow{"Q4", {24, 24, 24, 24}, {104, 104, 104, 104}};  // segments of 24, tiles from column 104
   for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
+    if (cuda::detail::kAlgTmaConfigs[c].two_groups) continue;  // Q_q forwards only: TmaTwoGroupForward
     SCOPED_TRACE("tma config " + std::to_string(c));
     const AlgKernel tma{AlgKernel::Kind::Tma, c};
     const cuda::AlgProj::Kernels k{tma, tma, std::nullopt};
@@ -899,6 +948,7 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   // every configuration on one input, so that its float64 references are computed once.
   std::vector<cuda::AlgProj::Kernels> every;
   for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
+    if (cuda::detail::kAlgTmaConfigs[c].two_groups) continue;
     const AlgKernel tma{AlgKernel::Kind::Tma, c};
     every.push_back({tma, tma, std::nullopt});
   }
