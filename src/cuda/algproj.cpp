@@ -290,6 +290,20 @@ bool tma_candidates() {
   return on;
 }
 
+// The two-group configurations (AlgTmaConfig::two_groups) are calibration candidates only with
+// QUIVER_ALGPROJ_TWO_GROUP=1 until their kernel has passed its GPU test
+// (GpuAlgProj.TmaTwoGroupForward) on the H200; pinned, they always run.
+bool two_group_candidates() {
+  static const bool on = [] {
+    const char* env = std::getenv("QUIVER_ALGPROJ_TWO_GROUP");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return on;
+}
+bool tma_candidate(ops::AlgPass pass, int config) {
+  return tma_candidates() &&
+         (pass == ops::AlgPass::DW || !detail::kAlgTmaConfigs[config].two_groups || two_group_candidates());
+}
 
 }  // namespace
 
@@ -734,8 +748,9 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
           best = k;
           known = true;
         }
-      } else if (kind == "tma" && tma_candidates() && tma_ok && config >= 0 &&
-                 config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount)) {
+      } else if (kind == "tma" && tma_ok && config >= 0 &&
+                 config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount) &&
+                 tma_candidate(pass, config)) {
         const AlgKernel k{AlgKernel::Kind::Tma, config, pass == ops::AlgPass::DW && v->value("split", false)};
         if (plan(pass, k, types, stream).tma_stride > 0) {
           best = k;
@@ -810,7 +825,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       // The TMA row pass: tensors its maps can describe and a plan its boxes can read.
       if (k.kind == AlgKernel::Kind::Tma) {
-        if (!tma_candidates() || !tma_ok) continue;
+        if (!tma_candidate(pass, k.config) || !tma_ok) continue;
         const DevicePlan& d = plan(pass, k, types, stream);
         if (d.tma_stride == 0 || d.tma_extra_idle) continue;
       }

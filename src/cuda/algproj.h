@@ -126,8 +126,8 @@ class AlgProj {
                 cudaStream_t stream = 0, bool accumulate_dw = false) const;
 
   // The kernels calibration times for a pass: the fused configurations (and, forward, the
-  // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0), each where
-  // it applies. The products schedule is not among them: it adds several GEMMs into one output
+  // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0, the two-group
+  // ones only with QUIVER_ALGPROJ_TWO_GROUP=1), each where it applies. The products schedule is not among them: it adds several GEMMs into one output
   // element (not one owner), so it runs only where the fused kernels cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
   // Calibration checks each candidate's output against the products schedule's on the same

@@ -6,7 +6,8 @@
 // cooperative: side by side on each tile (BT = groups · BN), each on its BN columns of every
 // stage, so that the tile's x is read from L2 once for all of them, or tall: two warpgroups one
 // above the other on tiles of 128 rows (a stage holds both 64-row A chunks and one W chunk), so
-// that the tile's W is read from L2 once for both. The pass moves far more
+// that the tile's W is read from L2 once for both (tiles of two output groups, ops::plan_two_group_pass,
+// have a kernel of their own below). The pass moves far more
 // bytes than it has products for (a tile reduces over 2·K/q), so its time follows the bytes its
 // tiles read: W's two blocks and x's two segments per tile.
 //
