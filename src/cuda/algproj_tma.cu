@@ -742,6 +742,10 @@ __global__ void __launch_bounds__(2 * kGroupThreads + 32, 1)
           const ops::AlgSegment seg = tile_segment(m, p, sg);
           for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
             const int stage = take(c == c_first, m);
+#ifdef QUIVER_TMA_ABLATE_LOADS
+            tma::arrive(&full[stage]);
+            continue;
+#endif
             tma::arrive_expect(&full[stage], halves * L::A::kBytes + (sg == 0 ? 2 : 1) * P::kPanelBytes);
             for (int h = 0; h < halves; ++h) {
               if (s_rows > 1)

@@ -373,7 +373,7 @@ AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::Grou
   for (size_t i : order) sorted.push_back(plan.tiles[i]);
   plan.tiles = std::move(sorted);
   if (tile_row_stride(plan, static_cast<int64_t>(row_types.size())) == 0)
-    return fail("a tile's rows are not one progression of one stride");
+    return fail("a tile's rows are not one progression of a stride that divides M");
   return out;
 }
 
