@@ -443,15 +443,17 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     packed = kernel.kind == AlgKernel::Kind::Fused && detail::kAlgRowConfigs[kernel.config].packed;
     // Two-group configurations run two-group plans (forward only; none for dX).
     const bool two_groups = kernel.kind == AlgKernel::Kind::Tma && detail::kAlgTmaConfigs[kernel.config].two_groups;
-    const ops::AlgRowPlan p =
-        two_groups ? (pass == ops::AlgPass::Forward
-                          ? ops::plan_two_group_pass(law_, widths_, types, tile_rows,
-                                                     detail::kAlgTmaConfigs[kernel.config].cols, detail::kAlgTmaChunk)
-                                .plan
-                          : ops::AlgRowPlan{})
-                   : ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
-                                        kernel.kind != AlgKernel::Kind::Tma && !packed,
-                                        packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
+    ops::AlgTwoGroupPlan two;
+    if (two_groups && pass == ops::AlgPass::Forward)
+      two = ops::plan_two_group_pass(law_, widths_, types, tile_rows, detail::kAlgTmaConfigs[kernel.config].cols,
+                                     detail::kAlgTmaChunk);
+    else if (two_groups)
+      two.why_not = "this is the dX pass";
+    d.why_not = two.why_not;
+    const ops::AlgRowPlan p = two_groups ? std::move(two.plan)
+                                         : ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
+                                                              kernel.kind != AlgKernel::Kind::Tma && !packed,
+                                                              packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
     if (kernel.kind == AlgKernel::Kind::Tma) {
       d.tma_stride = p.tiles.empty() ? 0 : ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
       const int extra = detail::kAlgTmaConfigs[kernel.config].extra;
@@ -597,16 +599,11 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     return;
   }
   if (kernel.kind == AlgKernel::Kind::Tma) {
-    QV_CHECK(!detail::kAlgTmaConfigs[kernel.config].two_groups || d.tma_stride > 0,
+    QV_CHECK(d.why_not.empty(),
              "algproj: {} runs the forward of a two-group plan (ops::plan_two_group_pass: an even q, every group "
              "over the row type's block and at most its own, equal output groups of at most {} columns, input "
-             "blocks of whole 64-column chunks, each tile's rows in one progression); this is {}",
-             kernel_name(pass, kernel), detail::kAlgTmaConfigs[kernel.config].cols,
-             pass == ops::AlgPass::Forward
-                 ? ops::plan_two_group_pass(law_, widths_, types, detail::kAlgTmaConfigs[kernel.config].tile_rows(),
-                                            detail::kAlgTmaConfigs[kernel.config].cols, detail::kAlgTmaChunk)
-                       .why_not
-                 : std::string("the dX pass"));
+             "blocks of whole 64-column chunks, each tile's rows in one progression); {}",
+             kernel_name(pass, kernel), detail::kAlgTmaConfigs[kernel.config].cols, d.why_not);
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
              "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
              "interval row types, M a multiple of the stride) and group offsets that are multiples of 8");

@@ -189,6 +189,8 @@ class AlgProj {
     // A TMA row configuration with extra slices (AlgTmaConfig::extra) whose walk of the plan's
     // segments takes no fewer stages than without them: its twin without them is as fast.
     bool tma_extra_idle = false;
+    // A two-group configuration's plan (ops::plan_two_group_pass): why there is none; empty else.
+    std::string why_not;
     // A staged row configuration's tiles as one TMA store box each (AlgRowArgs::y_rows); rows 0:
     // they are copied out by the block's threads.
     ops::AlgStoreBox store_box;

@@ -129,6 +129,32 @@ __device__ __forceinline__ TileMeta shfl_tile_meta(const TileMeta& m, int src) {
   return r;
 }
 
+// The producer warp's walk of a row pass's tiles, the block's (blockIdx.x, + gridDim.x, ...) in
+// order: every lane loads one tile's header of each batch, and lane 0 calls on_tile with each
+// in turn. The first batch's plan loads run before pdl_wait (the plan is no output of the kernel
+// before).
+template <class OnTile>
+__device__ __forceinline__ void walk_tiles(const AlgTmaArgs& p, int lane, OnTile&& on_tile) {
+  for (int first = blockIdx.x; first < p.num_tiles; first += kMetaBatch * gridDim.x) {
+    const TileMeta mine = load_tile_meta(p, first + lane * gridDim.x);
+    if (first == blockIdx.x) pdl_wait();
+    for (int b = 0; b < kMetaBatch && first + b * gridDim.x < p.num_tiles; ++b) {
+      const TileMeta m = shfl_tile_meta(mine, b);
+      if (lane != 0) continue;
+      on_tile(m);
+    }
+  }
+}
+// The producer's stage for chunk counter c (lane 0): once its last use has been consumed; a
+// tile's first stage gets the tile's header.
+template <int kStages>
+__device__ __forceinline__ int take_stage(uint64_t* empty, TileMeta* headers, int c, bool first, const TileMeta& m) {
+  const int stage = c % kStages;
+  if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
+  if (first) headers[stage] = m;
+  return stage;
+}
+
 // kStaging: bytes after the zero operands (1024-byte aligned) where the row pass's warpgroups lay
 // out their tiles' products for the TMA stores (64 rows × BN columns each, as wgmma::Panels<BN>).
 // kAHalves: 64-row A chunks per stage (2: a tall tile's, one per warpgroup, one after the other).
@@ -454,88 +480,75 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
   if (warp == kGroups * kGroupThreads / 32) {  // the producer warp: lane 0 issues, all load metadata
     const int s_rows = p.row_stride;
     int c = 0;
-    // Stage c's turn (lane 0): wait until its last use was consumed; a tile's first stage gets
-    // the tile's header.
-    const auto take = [&](bool first, const TileMeta& m) {
-      const int stage = c % kStages;
-      if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
-      if (first) headers[stage] = m;
-      return stage;
-    };
-    for (int first = blockIdx.x; first < p.num_tiles; first += kMetaBatch * gridDim.x) {
-      const TileMeta mine = load_tile_meta(p, first + lane * gridDim.x);
-      if (first == blockIdx.x) pdl_wait();
-      for (int b = 0; b < kMetaBatch && first + b * gridDim.x < p.num_tiles; ++b) {
-        const TileMeta m = shfl_tile_meta(mine, b);
-        if (lane != 0) continue;
-        const ops::AlgRowTile& t = m.t;
-        const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
-        // W boxes past the tile's columns are not loaded (a group narrower than the tile, or its
-        // last tile): forward, 64-column panels; dX, a warpgroup's BN rows. The products over the
-        // stale bytes there land in columns the epilogue does not store.
-        const int w_boxes = kTransW ? (t.ncols + BN - 1) / BN : (t.ncols + 63) / 64;
-        constexpr uint32_t kBoxBytes = kTransW ? BN * 128 : L::B::kPanelBytes;
-        constexpr uint32_t kBoxSliceBytes = kTransW ? BN * kSlice * 2 : kSlice * 128;
-        // A tall tile's second 64 rows, where it has them (they follow the first in the view).
-        const int halves = kTall && t.row_count > kAlgTmaRows ? 2 : 1;
-        // A stage's boxes at reduction column k: the A box of each half (a_at, a_half bytes apart,
-        // from xm: x or its 16-deep slices) and the W boxes (w_at, `box` bytes apart, from wm).
-        const auto load_boxes = [&](int stage, unsigned char* a_at, uint32_t a_half, const CUtensorMap* xm,
-                                    unsigned char* w_at, uint32_t box, const CUtensorMap* wm, int k) {
-          for (int h = 0; h < halves; ++h) {
-            if (s_rows > 1)
-              tma::load_3d(a_at + h * a_half, xm, &full[stage], k, cls, i0 + kAlgTmaRows * h);
-            else
-              tma::load_2d(a_at + h * a_half, xm, &full[stage], k, m.r_first + kAlgTmaRows * h);
-          }
-          if constexpr (kTransW) {
-#pragma unroll
-            for (int g = 0; g < BT / BN; ++g)
-              if (g < w_boxes) tma::load_2d(w_at + g * box, wm, &full[stage], k, t.col0 + BN * g);
-          } else {
-#pragma unroll
-            for (int pn = 0; pn < BT / 64; ++pn)
-              if (pn < w_boxes) tma::load_2d(w_at + pn * box, wm, &full[stage], t.col0 + 64 * pn, k);
-          }
-        };
-        const int c_first = c;
-        for (int sg = 0; sg < t.seg_count; ++sg) {
-          const ops::AlgSegment seg = tile_segment(m, p, sg);
-          for (int k0 = seg.k0, len; k0 < seg.k0 + seg.len; k0 += len, ++c) {
-            len = kExtra == 0 ? kAlgTmaChunk : tma_chunk_len(seg.k0 + seg.len - k0, kExtra);
-            const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
-            const int stage = take(c == c_first, m);
-            unsigned char* a = ring.a(stage);
-            unsigned char* b = ring.b(stage);
-#ifdef QUIVER_TMA_ABLATE_LOADS
-            if (true) {
-              tma::arrive(&full[stage]);
-            } else
-#endif
-                if (valid == kAlgTmaChunk) {
-              const int extra = (len - kAlgTmaChunk) / kSlice;  // slices after the whole chunk
-              tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes +
-                                                   extra * (halves * L::kXASliceBytes + w_boxes * kBoxSliceBytes));
-              load_boxes(stage, a, L::A::kBytes, &p.x, b, kBoxBytes, &p.w, k0);
-              for (int j = 0; j < extra; ++j)  // (kExtra > 0) the extra slices, laid out as a tail's
-                load_boxes(stage, ring.xa(stage, j), L::kXASliceBytes, &p.x16, ring.xb(stage, j), kBoxSliceBytes,
-                           &p.w16, k0 + kAlgTmaChunk + kSlice * j);
-            } else {  // the tail, slice by slice; forward, W rows k .. k + 15 where a whole chunk would put them
-              const int n = tail_slices(valid);
-              tma::arrive_expect(&full[stage], n * (halves * kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
-              for (int sl = 0; sl < n; ++sl)
-                load_boxes(stage, a_slice(a, sl), L::A::kBytes, &p.x16,
-                           kTransW ? w_slice_t<BT>(b, sl) : b + sl * kBoxSliceBytes, kTransW ? kBoxSliceBytes : kBoxBytes,
-                           &p.w16, k0 + kSlice * sl);
-            }
-          }
+    const auto take = [&](bool first, const TileMeta& m) { return take_stage<kStages>(empty, headers, c, first, m); };
+    walk_tiles(p, lane, [&](const TileMeta& m) {
+      const ops::AlgRowTile& t = m.t;
+      const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
+      // W boxes past the tile's columns are not loaded (a group narrower than the tile, or its
+      // last tile): forward, 64-column panels; dX, a warpgroup's BN rows. The products over the
+      // stale bytes there land in columns the epilogue does not store.
+      const int w_boxes = kTransW ? (t.ncols + BN - 1) / BN : (t.ncols + 63) / 64;
+      constexpr uint32_t kBoxBytes = kTransW ? BN * 128 : L::B::kPanelBytes;
+      constexpr uint32_t kBoxSliceBytes = kTransW ? BN * kSlice * 2 : kSlice * 128;
+      // A tall tile's second 64 rows, where it has them (they follow the first in the view).
+      const int halves = kTall && t.row_count > kAlgTmaRows ? 2 : 1;
+      // A stage's boxes at reduction column k: the A box of each half (a_at, a_half bytes apart,
+      // from xm: x or its 16-deep slices) and the W boxes (w_at, `box` bytes apart, from wm).
+      const auto load_boxes = [&](int stage, unsigned char* a_at, uint32_t a_half, const CUtensorMap* xm,
+                                  unsigned char* w_at, uint32_t box, const CUtensorMap* wm, int k) {
+        for (int h = 0; h < halves; ++h) {
+          if (s_rows > 1)
+            tma::load_3d(a_at + h * a_half, xm, &full[stage], k, cls, i0 + kAlgTmaRows * h);
+          else
+            tma::load_2d(a_at + h * a_half, xm, &full[stage], k, m.r_first + kAlgTmaRows * h);
         }
-        if (c == c_first) {  // no chunks: a stage with the header alone
-          tma::arrive(&full[take(true, m)]);
-          ++c;
+        if constexpr (kTransW) {
+#pragma unroll
+          for (int g = 0; g < BT / BN; ++g)
+            if (g < w_boxes) tma::load_2d(w_at + g * box, wm, &full[stage], k, t.col0 + BN * g);
+        } else {
+#pragma unroll
+          for (int pn = 0; pn < BT / 64; ++pn)
+            if (pn < w_boxes) tma::load_2d(w_at + pn * box, wm, &full[stage], t.col0 + 64 * pn, k);
+        }
+      };
+      const int c_first = c;
+      for (int sg = 0; sg < t.seg_count; ++sg) {
+        const ops::AlgSegment seg = tile_segment(m, p, sg);
+        for (int k0 = seg.k0, len; k0 < seg.k0 + seg.len; k0 += len, ++c) {
+          len = kExtra == 0 ? kAlgTmaChunk : tma_chunk_len(seg.k0 + seg.len - k0, kExtra);
+          const int valid = min(kAlgTmaChunk, seg.k0 + seg.len - k0);
+          const int stage = take(c == c_first, m);
+          unsigned char* a = ring.a(stage);
+          unsigned char* b = ring.b(stage);
+#ifdef QUIVER_TMA_ABLATE_LOADS
+          if (true) {
+            tma::arrive(&full[stage]);
+          } else
+#endif
+              if (valid == kAlgTmaChunk) {
+            const int extra = (len - kAlgTmaChunk) / kSlice;  // slices after the whole chunk
+            tma::arrive_expect(&full[stage], halves * L::A::kBytes + w_boxes * kBoxBytes +
+                                                 extra * (halves * L::kXASliceBytes + w_boxes * kBoxSliceBytes));
+            load_boxes(stage, a, L::A::kBytes, &p.x, b, kBoxBytes, &p.w, k0);
+            for (int j = 0; j < extra; ++j)  // (kExtra > 0) the extra slices, laid out as a tail's
+              load_boxes(stage, ring.xa(stage, j), L::kXASliceBytes, &p.x16, ring.xb(stage, j), kBoxSliceBytes,
+                         &p.w16, k0 + kAlgTmaChunk + kSlice * j);
+          } else {  // the tail, slice by slice; forward, W rows k .. k + 15 where a whole chunk would put them
+            const int n = tail_slices(valid);
+            tma::arrive_expect(&full[stage], n * (halves * kAlgTmaRows * kSlice * 2 + w_boxes * kBoxSliceBytes));
+            for (int sl = 0; sl < n; ++sl)
+              load_boxes(stage, a_slice(a, sl), L::A::kBytes, &p.x16,
+                         kTransW ? w_slice_t<BT>(b, sl) : b + sl * kBoxSliceBytes, kTransW ? kBoxSliceBytes : kBoxBytes,
+                         &p.w16, k0 + kSlice * sl);
+          }
         }
       }
-    }
+      if (c == c_first) {  // no chunks: a stage with the header alone
+        tma::arrive(&full[take(true, m)]);
+        ++c;
+      }
+    });
     if (lane == 0) {  // the end: a header with no rows
       tma::arrive(&full[take(true, TileMeta{})]);
     }
@@ -721,48 +734,37 @@ __global__ void __launch_bounds__(2 * kGroupThreads + 32, 1)
   if (warp == 2 * kGroupThreads / 32) {  // the producer warp: lane 0 issues, all load metadata
     const int s_rows = p.row_stride;
     int c = 0;
-    const auto take = [&](bool first, const TileMeta& m) {
-      const int stage = c % kStages;
-      if (c >= kStages) tma::wait(&empty[stage], ((c / kStages) & 1) ^ 1);
-      if (first) headers[stage] = m;
-      return stage;
-    };
-    for (int first = blockIdx.x; first < p.num_tiles; first += kMetaBatch * gridDim.x) {
-      const TileMeta mine = load_tile_meta(p, first + lane * gridDim.x);
-      if (first == blockIdx.x) pdl_wait();
-      for (int b = 0; b < kMetaBatch && first + b * gridDim.x < p.num_tiles; ++b) {
-        const TileMeta m = shfl_tile_meta(mine, b);
-        if (lane != 0) continue;
-        const ops::AlgRowTile& t = m.t;
-        const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
-        const int halves = t.row_count > kAlgTmaRows ? 2 : 1;
-        const int c_first = c;
+    const auto take = [&](bool first, const TileMeta& m) { return take_stage<kStages>(empty, headers, c, first, m); };
+    walk_tiles(p, lane, [&](const TileMeta& m) {
+      const ops::AlgRowTile& t = m.t;
+      const int cls = m.r_first % s_rows, i0 = m.r_first / s_rows;
+      const int halves = t.row_count > kAlgTmaRows ? 2 : 1;
+      const int c_first = c;
 #pragma unroll
-        for (int sg = 0; sg < kSegs; ++sg) {
-          const ops::AlgSegment seg = tile_segment(m, p, sg);
-          for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
-            const int stage = take(c == c_first, m);
+      for (int sg = 0; sg < kSegs; ++sg) {
+        const ops::AlgSegment seg = tile_segment(m, p, sg);
+        for (int k0 = seg.k0; k0 < seg.k0 + seg.len; k0 += kAlgTmaChunk, ++c) {
+          const int stage = take(c == c_first, m);
 #ifdef QUIVER_TMA_ABLATE_LOADS
-            tma::arrive(&full[stage]);
-            continue;
+          tma::arrive(&full[stage]);
+          continue;
 #endif
-            tma::arrive_expect(&full[stage], halves * L::A::kBytes + (sg == 0 ? 2 : 1) * P::kPanelBytes);
-            for (int h = 0; h < halves; ++h) {
-              if (s_rows > 1)
-                tma::load_3d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], k0, cls, i0 + kAlgTmaRows * h);
-              else
-                tma::load_2d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], k0, m.r_first + kAlgTmaRows * h);
-            }
-            if (sg != 2) tma::load_2d(ring.b(stage), &p.w, &full[stage], t.col0, k0);
-            if (sg != 1) tma::load_2d(ring.b(stage) + P::kPanelBytes, &p.w, &full[stage], t.col0 + t.ncols / 2, k0);
+          tma::arrive_expect(&full[stage], halves * L::A::kBytes + (sg == 0 ? 2 : 1) * P::kPanelBytes);
+          for (int h = 0; h < halves; ++h) {
+            if (s_rows > 1)
+              tma::load_3d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], k0, cls, i0 + kAlgTmaRows * h);
+            else
+              tma::load_2d(ring.a(stage) + h * L::A::kBytes, &p.x, &full[stage], k0, m.r_first + kAlgTmaRows * h);
           }
-        }
-        if (c == c_first) {  // no chunks: a stage with the header alone
-          tma::arrive(&full[take(true, m)]);
-          ++c;
+          if (sg != 2) tma::load_2d(ring.b(stage), &p.w, &full[stage], t.col0, k0);
+          if (sg != 1) tma::load_2d(ring.b(stage) + P::kPanelBytes, &p.w, &full[stage], t.col0 + t.ncols / 2, k0);
         }
       }
-    }
+      if (c == c_first) {  // no chunks: a stage with the header alone
+        tma::arrive(&full[take(true, m)]);
+        ++c;
+      }
+    });
     if (lane == 0) tma::arrive(&full[take(true, TileMeta{})]);  // the end: a header with no rows
     return;
   }

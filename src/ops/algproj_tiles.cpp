@@ -335,7 +335,8 @@ AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::Grou
   const auto block = [&](int g, bool used) {
     return AlgSegment{narrow(k_off[g], "column"), used ? narrow(k_off[g + 1] - k_off[g], "column") : 0};
   };
-  std::vector<int64_t> red;  // each tile's reduction, both groups counted
+  // A tile's reduction with the typed block counted for both groups.
+  const auto reduction = [&](const AlgRowTile& t) { return reduction_length(plan, t) + plan.segments[t.seg_begin].len; };
   for (int a = 0; a < q; ++a) {
     const std::vector<int32_t>& rows = rows_of[a];
     if (rows.empty()) continue;
@@ -358,20 +359,13 @@ AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::Grou
         t.seg_count = 3;
         t.slot = -1;
         plan.tiles.push_back(t);
-        const int64_t own = plan.segments[seg_begin + 1].len + plan.segments[seg_begin + 2].len;
-        red.push_back(2 * plan.segments[seg_begin].len + own);
+        plan.macs += static_cast<int64_t>(t.row_count) * n_out * reduction(t);
       }
     }
   }
-  for (size_t i = 0; i < plan.tiles.size(); ++i) plan.macs += static_cast<int64_t>(plan.tiles[i].row_count) * n_out * red[i];
   // Longest reduction first, as the other row plans.
-  std::vector<size_t> order(plan.tiles.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return red[x] > red[y]; });
-  std::vector<AlgRowTile> sorted;
-  sorted.reserve(order.size());
-  for (size_t i : order) sorted.push_back(plan.tiles[i]);
-  plan.tiles = std::move(sorted);
+  std::stable_sort(plan.tiles.begin(), plan.tiles.end(),
+                   [&](const AlgRowTile& x, const AlgRowTile& y) { return reduction(x) > reduction(y); });
   if (tile_row_stride(plan, static_cast<int64_t>(row_types.size())) == 0)
     return fail("a tile's rows are not one progression of a stride that divides M");
   return out;
