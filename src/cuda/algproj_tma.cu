@@ -444,6 +444,35 @@ __device__ __forceinline__ void store_tile(const float (&acc)[BN / 2], unsigned 
   }
 }
 
+// The epilogue from registers, for rows the store map cannot bound: a warpgroup's products (rows
+// 16 warp + grp (+ 8) of its g_rows, r0, r0 + stride, ...; columns c0 + 8 j + 2 tig, + 1 below
+// `limit`) as bf16 pairs at output column col0 + that column, added to the old values when
+// accumulating.
+template <int BN>
+__device__ __forceinline__ void store_from_registers(const float (&acc)[BN / 2], const AlgTmaArgs& p, int r0,
+                                                     int g_rows, int col0, int c0, int limit, int gwarp, int grp,
+                                                     int tig) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * gwarp + grp + 8 * half;
+    if (i >= g_rows) continue;
+    uint16_t* out = p.c + static_cast<int64_t>(r0 + p.row_stride * i) * p.ldc + col0;
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj) {
+      const int col = c0 + 8 * jj + 2 * tig;
+      if (col >= limit) continue;
+      float v0 = acc[4 * jj + 2 * half], v1 = acc[4 * jj + 2 * half + 1];
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
+      if (p.accumulate) {
+        const float2 old = __bfloat1622float2(*dst);
+        v0 += old.x;
+        v1 += old.y;
+      }
+      *dst = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
 template <int BN, int kStages, bool kTransW, int kGroups, bool kCoop, bool kTall, bool kEagerRelease, int kExtra,
           bool kOneStaging, bool kRingStaging>
 __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
@@ -668,26 +697,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads + 32, 1)
       }
       continue;
     }
-    // Accumulator (row 16 warp + grp (+ 8), columns wcol + 8 j + 2 tig, + 1) → bf16 pairs.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * gwarp + grp + 8 * half;
-      if (i >= g_rows) continue;
-      uint16_t* out = p.c + static_cast<int64_t>(r0 + p.row_stride * i) * p.ldc + m.t.col0;
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj) {
-        const int col = wcol + 8 * jj + 2 * tig;
-        if (col >= m.t.ncols) continue;
-        float v0 = acc[4 * jj + 2 * half], v1 = acc[4 * jj + 2 * half + 1];
-        auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
-        if (p.accumulate) {
-          const float2 old = __bfloat1622float2(*dst);
-          v0 += old.x;
-          v1 += old.y;
-        }
-        *dst = __floats2bfloat162_rn(v0, v1);
-      }
-    }
+    store_from_registers<BN>(acc, p, r0, g_rows, m.t.col0, wcol, m.t.ncols, gwarp, grp, tig);
   }
   if (tid == 0) bulk_wait();  // the warpgroup's last stores are complete
 }
@@ -857,29 +867,9 @@ __global__ void __launch_bounds__(2 * kGroupThreads + 32, 1)
       }
       continue;
     }
-    // Accumulator (row 16 warp + grp (+ 8), group columns 8 j + 2 tig, + 1) → bf16 pairs.
-    const auto store_pair = [&](uint16_t* out, int col, float v0, float v1) {
-      auto* dst = reinterpret_cast<__nv_bfloat162*>(out + col);
-      if (p.accumulate) {
-        const float2 old = __bfloat1622float2(*dst);
-        v0 += old.x;
-        v1 += old.y;
-      }
-      *dst = __floats2bfloat162_rn(v0, v1);
-    };
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = 16 * gwarp + grp + 8 * hf;
-      if (i >= g_rows) continue;
-      uint16_t* out = p.c + static_cast<int64_t>(r0 + p.row_stride * i) * p.ldc + m.t.col0;
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj) {
-        const int col = 8 * jj + 2 * tig;
-        if (col >= half) continue;
-        store_pair(out, col, acc_l[4 * jj + 2 * hf], acc_l[4 * jj + 2 * hf + 1]);
-        store_pair(out + half, col, acc_r[4 * jj + 2 * hf], acc_r[4 * jj + 2 * hf + 1]);
-      }
-    }
+    // Each group's columns from registers.
+    store_from_registers<BN>(acc_l, p, r0, g_rows, m.t.col0, 0, half, gwarp, grp, tig);
+    store_from_registers<BN>(acc_r, p, r0, g_rows, m.t.col0 + half, 0, half, gwarp, grp, tig);
   }
   if (tid == 0) bulk_wait();  // the warpgroup's last stores are complete
 }
