@@ -669,6 +669,151 @@ TEST(AlgProjTiles, TwoGroupPlansSayWhyNot) {
             std::string::npos);
 }
 
+// dX of a cluster plan as the kernels compute it: the row pass's tiles as run_row_plan does, then
+// each split tile by its `parts` blocks, block r summing the chunks cluster_piece gives it (the
+// tile's segments walked in order, `chunk` deep), and the blocks' sums added in rank order.
+Tensor run_cluster_plan(const ops::AlgClusterPlan& cp, const Tensor& dy, const Tensor& w, int64_t out_cols, int chunk,
+                        std::vector<int>& writes) {
+  Tensor out = run_row_plan(cp.plan, dy, w, true, out_cols, writes);
+  const int64_t ld = dy.dim(1), N = w.dim(1);
+  const double* DY = dy.data<double>();
+  const double* W = w.data<double>();
+  for (const ops::AlgRowTile& t : cp.split) {
+    std::vector<int32_t> chunk_k0;  // the tile's chunks in order
+    for (int32_t s = 0; s < t.seg_count; ++s) {
+      const ops::AlgSegment seg = cp.plan.segments[t.seg_begin + s];
+      for (int32_t k = seg.k0; k < seg.k0 + seg.len; k += chunk) chunk_k0.push_back(k);
+    }
+    const int32_t chunks = static_cast<int32_t>(chunk_k0.size());
+    for (int32_t r = 0; r < t.row_count; ++r) {
+      const int64_t m = cp.plan.rows[t.row_begin + r];
+      for (int32_t c = 0; c < t.ncols; ++c) {
+        const int64_t col = t.col0 + c;
+        double sum = 0;
+        for (int32_t rank = 0; rank < cp.parts; ++rank) {
+          const ops::AlgChunkRange piece = ops::cluster_piece(chunks, cp.parts, rank);
+          double part = 0;
+          for (int32_t i = piece.begin; i < piece.end; ++i)
+            for (int32_t k = chunk_k0[i]; k < chunk_k0[i] + chunk; ++k) part += DY[m * ld + k] * W[col * N + k];
+          sum += part;
+        }
+        out.data<double>()[m * out_cols + col] = sum;
+        ++writes[static_cast<size_t>(m * out_cols + col)];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AlgProjTiles, ClusterSplitPiecesCoverTheChunks) {
+  for (int32_t parts = 1; parts <= 8; ++parts)
+    for (int32_t chunks = 0; chunks <= 70; ++chunks) {
+      int32_t next = 0, fewest = chunks, most = 0;
+      for (int32_t r = 0; r < parts; ++r) {
+        const ops::AlgChunkRange p = ops::cluster_piece(chunks, parts, r);
+        EXPECT_EQ(p.begin, next) << chunks << " chunks, " << parts << " parts, rank " << r;
+        EXPECT_LE(p.begin, p.end);
+        next = p.end;
+        fewest = std::min(fewest, p.end - p.begin);
+        most = std::max(most, p.end - p.begin);
+      }
+      EXPECT_EQ(next, chunks);
+      EXPECT_LE(most - fewest, 1);
+    }
+}
+
+// Q_q's dX: a type's own block reduces over all N columns, the others over N / q, so the own
+// blocks' tiles (and only those) are split; run as the kernels run them, the plan is the formula,
+// every element written once.
+TEST(AlgProjTiles, ClusterSplitPlansReproduceTheFormula) {
+  struct SplitCase {
+    std::string law;
+    int64_t K, N, M;
+    algebra::Schedule sched;
+    int tile_cols, parts;  // the parts expected
+  };
+  const SplitCase cases[] = {
+      // Qwen3-1.7B's shape in miniature (Q_32, own reduction 96 chunks against 3): 8 blocks.
+      {"Q32", 2048, 6144, 96, algebra::Schedule::cyclic(), 64, 8},
+      // Q_16 (32 chunks against 2), 128 rows a type cut into tiles of 64, interval rows.
+      {"Q16", 512, 2048, 2048, algebra::Schedule::interval(2048), 64, 8},
+      // Q_4 (8 chunks against 2): 2 blocks; tiles of 128 columns over blocks of 80.
+      {"Q4", 320, 512, 260, algebra::Schedule::cyclic(), 128, 2},
+  };
+  for (const SplitCase& c : cases) {
+    SCOPED_TRACE(c.law + " K " + std::to_string(c.K) + " N " + std::to_string(c.N));
+    const algebra::Law law = algebra::Law::parse(c.law);
+    const int q = law.q();
+    const algebra::GroupWidths widths = algebra::GroupWidths::equal(q, c.K, c.N);
+    const std::vector<int> types = c.sched.types(0, c.M, q);
+    const ops::AlgRowPlan whole = ops::plan_row_pass(law, widths, types, ops::AlgPass::DX, 64, c.tile_cols, false);
+    const ops::AlgClusterPlan cp = ops::plan_cluster_split(whole, 64, 64, 8);
+    EXPECT_EQ(cp.parts, c.parts);
+    ASSERT_FALSE(cp.split.empty());
+    EXPECT_EQ(cp.plan.tiles.size() + cp.split.size(), whole.tiles.size());
+    EXPECT_EQ(cp.plan.rows, whole.rows);
+    EXPECT_EQ(cp.plan.macs, whole.macs);
+    // The split tiles are exactly the own blocks' (output group = the rows' type), whole chunks.
+    for (const ops::AlgRowTile& t : cp.split) {
+      const int type = types[cp.plan.rows[t.row_begin]];
+      EXPECT_EQ(t.col0 / (c.K / q), type);
+      EXPECT_LE(t.row_count, 64);
+      int64_t len = 0;
+      for (int32_t s = 0; s < t.seg_count; ++s) len += cp.plan.segments[t.seg_begin + s].len;
+      EXPECT_EQ(len, c.N);
+    }
+    for (const ops::AlgRowTile& t : cp.plan.tiles) EXPECT_NE(t.col0 / (c.K / q), types[cp.plan.rows[t.row_begin]]);
+    // The row pass keeps its tiles' order (longest first).
+    std::vector<ops::AlgRowTile> kept;
+    for (const ops::AlgRowTile& t : whole.tiles)
+      if (std::none_of(cp.split.begin(), cp.split.end(), [&](const ops::AlgRowTile& s) {
+            return s.row_begin == t.row_begin && s.col0 == t.col0;
+          }))
+        kept.push_back(t);
+    ASSERT_EQ(kept.size(), cp.plan.tiles.size());
+    for (size_t i = 0; i < kept.size(); ++i)
+      EXPECT_TRUE(kept[i].row_begin == cp.plan.tiles[i].row_begin && kept[i].col0 == cp.plan.tiles[i].col0);
+
+    Rng rng(47);
+    const Tensor dy = quiver::testing::random_tensor({c.M, c.N}, DType::F64, rng);
+    const Tensor w = quiver::testing::random_tensor({c.K, c.N}, DType::F64, rng);
+    const Tensor x = quiver::testing::random_tensor({c.M, c.K}, DType::F64, rng);
+    Tensor dx_ref = Tensor::empty({c.M, c.K}, DType::F64), dw_ref = Tensor::empty({c.K, c.N}, DType::F64);
+    ops::algproj_reference_backward(x, w, dy, law, widths, types, dx_ref, dw_ref);
+    std::vector<int> writes;
+    const Tensor dx = run_cluster_plan(cp, dy, w, c.K, 64, writes);
+    EXPECT_TRUE(each_once(writes));
+    EXPECT_LT(max_abs_diff(dx, dx_ref), 1e-9);
+  }
+}
+
+// Nothing is split where no tile is long (Q_q's forward), where the long tiles' segments are not
+// whole chunks (dX over output groups of 200), or where their tiles have more rows than a block
+// takes.
+TEST(AlgProjTiles, ClusterSplitOnlyWholeChunksOfLongTiles) {
+  const algebra::Law q4 = algebra::Law::complete(4);
+  const std::vector<int> types = algebra::Schedule::cyclic().types(0, 256, 4);
+  auto split = [&](const algebra::GroupWidths& widths, ops::AlgPass pass, int tile_rows, int max_rows) {
+    const ops::AlgRowPlan whole = ops::plan_row_pass(q4, widths, types, pass, tile_rows, 64, false);
+    const ops::AlgClusterPlan cp = ops::plan_cluster_split(whole, 64, max_rows, 8);
+    EXPECT_EQ(cp.plan.tiles.size() + cp.split.size(), whole.tiles.size());
+    return cp;
+  };
+  const algebra::GroupWidths even = algebra::GroupWidths::equal(4, 256, 1024);
+  EXPECT_EQ(split(even, ops::AlgPass::Forward, 64, 64).parts, 0);
+  EXPECT_EQ(split(algebra::GroupWidths::equal(4, 256, 800), ops::AlgPass::DX, 64, 64).parts, 0);
+  EXPECT_EQ(split(even, ops::AlgPass::DX, 64, 32).parts, 0);
+  const ops::AlgClusterPlan cp = split(even, ops::AlgPass::DX, 64, 64);
+  EXPECT_EQ(cp.parts, 2);  // 16 chunks against the others' 4
+  EXPECT_EQ(cp.split.size(), 4u);
+  EXPECT_THROW(ops::plan_cluster_split(ops::AlgRowPlan{}, 64, 64, 1), Error);
+  // A plan with split reductions of its own (Q_16's dX, pieces of 512).
+  const ops::AlgRowPlan pieces = ops::plan_row_pass(algebra::Law::complete(16), algebra::GroupWidths::equal(16, 512, 2048),
+                                                    algebra::Schedule::cyclic().types(0, 32, 16), ops::AlgPass::DX, 2, 8);
+  ASSERT_FALSE(pieces.splits.empty());
+  EXPECT_THROW(ops::plan_cluster_split(pieces, 64, 64, 8), Error);
+}
+
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,
 // together exactly each tile's rows; cyclic types cut along one type's stride, interval types
 // along their runs, a multi-type list of cyclic types per type; random types refused.

@@ -300,6 +300,47 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   return plan;
 }
 
+AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int max_parts) {
+  QV_CHECK(chunk > 0 && max_rows > 0 && max_parts >= 2,
+           "plan_cluster_split: chunk {}, max_rows {} and max_parts {} (at least 2) must be positive", chunk, max_rows,
+           max_parts);
+  QV_CHECK(plan.splits.empty() && plan.places.empty(), "plan_cluster_split: the plan must be neither split nor packed");
+  AlgClusterPlan out;
+  if (plan.tiles.empty()) {
+    out.plan = std::move(plan);
+    return out;
+  }
+  // Each tile's reduction in whole chunks (0: some segment is not whole chunks).
+  std::vector<int64_t> len(plan.tiles.size()), chunks(plan.tiles.size(), 0);
+  for (size_t i = 0; i < plan.tiles.size(); ++i) {
+    const AlgRowTile& t = plan.tiles[i];
+    len[i] = reduction_length(plan, t);
+    bool whole = t.seg_count > 0;
+    for (int32_t s = 0; s < t.seg_count; ++s) {
+      const AlgSegment seg = plan.segments[t.seg_begin + s];
+      whole = whole && seg.k0 % chunk == 0 && seg.len % chunk == 0;
+    }
+    if (whole) chunks[i] = len[i] / chunk;
+  }
+  std::vector<int64_t> sorted = len;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const int64_t median = std::max<int64_t>(1, (sorted[sorted.size() / 2] + chunk - 1) / chunk);
+  auto is_long = [&](size_t i) {
+    return chunks[i] >= 4 && chunks[i] >= 4 * median && plan.tiles[i].row_count <= max_rows;
+  };
+  int64_t longest = 0;
+  for (size_t i = 0; i < plan.tiles.size(); ++i)
+    if (is_long(i)) longest = std::max(longest, chunks[i]);
+  if (longest > 0) {
+    out.parts = static_cast<int>(std::clamp<int64_t>((longest + 2 * median - 1) / (2 * median), 2, max_parts));
+    std::vector<AlgRowTile> rest;
+    for (size_t i = 0; i < plan.tiles.size(); ++i) (is_long(i) ? out.split : rest).push_back(plan.tiles[i]);
+    plan.tiles = std::move(rest);
+  }
+  out.plan = std::move(plan);
+  return out;
+}
+
 AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                                     const std::vector<int>& row_types, int tile_rows, int half_cols, int chunk) {
   check_plan_args(law, widths, row_types, tile_rows, half_cols);

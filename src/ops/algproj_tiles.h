@@ -136,6 +136,35 @@ struct AlgTwoGroupPlan {
 AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::GroupWidths& widths,
                                     const std::vector<int>& row_types, int tile_rows, int half_cols, int chunk);
 
+// Cluster splits (the Hopper row pass's split configurations, dX; src/cuda/algproj_tma.cu). A
+// block reduces its tile's chunks one after another, so the few tiles whose reduction is many
+// times the typical one set the pass's time: Q_q's dX of a type's own block reduces over all N
+// columns, every other tile over N/q (Qwen3-32B: 400 chunks against 13). plan_cluster_split takes
+// an unsplit plan (plan_row_pass with split = false) and moves its long tiles into `split`: tiles
+// whose reduction is at least 4 chunks and at least 4 times the median tile's (in whole chunks,
+// at least 1), of whole `chunk`-deep chunks (every segment's first column and length multiples of
+// it) and at most max_rows rows. `parts` blocks of one thread-block cluster reduce each of them,
+// block r over the chunks cluster_piece(chunks, parts, r) of the tile's segments taken in order,
+// and add their sums in rank order over distributed shared memory: one owner per element, no
+// slots in global memory, no second pass. `plan` keeps the other tiles, in their order, and every
+// row and segment (the split tiles index into them); its macs stay the whole pass's. parts is
+// the longest split tile's chunks over twice the median's, from 2 to max_parts, the same for
+// every tile (a launch has one cluster shape); 0 where no tile is long.
+struct AlgClusterPlan {
+  AlgRowPlan plan;
+  std::vector<AlgRowTile> split;
+  int parts = 0;
+};
+AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int max_parts);
+// The chunks [begin, end) of a split tile's `chunks` that block `rank` of `parts` reduces:
+// consecutive, in rank order, together all of them, each block's count within one of the others'.
+struct AlgChunkRange {
+  int32_t begin, end;
+};
+constexpr AlgChunkRange cluster_piece(int32_t chunks, int32_t parts, int32_t rank) {
+  return {static_cast<int32_t>(int64_t{chunks} * rank / parts), static_cast<int32_t>(int64_t{chunks} * (rank + 1) / parts)};
+}
+
 // The stride s with which every tile of a row plan holds rows r, r + s, r + 2 s, ... (each
 // tile's rows one box of a strided view of the input: cyclic types s = q, contiguous ones 1),
 // with M a multiple of s, and every segment's first reduction column and every tile's first
