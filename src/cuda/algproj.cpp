@@ -290,19 +290,24 @@ bool tma_candidates() {
   return on;
 }
 
-// The two-group configurations (AlgTmaConfig::two_groups) are calibration candidates only with
-// QUIVER_ALGPROJ_TWO_GROUP=1 until their kernel has passed its GPU test
-// (GpuAlgProj.TmaTwoGroupForward) on the H200; pinned, they always run.
-bool two_group_candidates() {
+// Kernels built but not yet run on a GPU: calibration candidates only with
+// QUIVER_ALGPROJ_UNVERIFIED=1 until their GPU tests have passed, since a TMA kernel that faults
+// ends the process, which calibration's output check cannot catch; pinned, they always run. Now
+// the two-group configurations (AlgTmaConfig::two_groups; GpuAlgProj.TmaTwoGroupForward) and the
+// dX cluster splits (GpuAlgProj.TmaClusterSplitDx).
+bool unverified(ops::AlgPass pass, const AlgKernel& k) {
+  return k.kind == AlgKernel::Kind::Tma && pass != ops::AlgPass::DW &&
+         (detail::kAlgTmaConfigs[k.config].two_groups || k.split);
+}
+bool unverified_candidates() {
   static const bool on = [] {
-    const char* env = std::getenv("QUIVER_ALGPROJ_TWO_GROUP");
+    const char* env = std::getenv("QUIVER_ALGPROJ_UNVERIFIED");
     return env != nullptr && std::string(env) == "1";
   }();
   return on;
 }
-bool tma_candidate(ops::AlgPass pass, int config) {
-  return tma_candidates() &&
-         (pass == ops::AlgPass::DW || !detail::kAlgTmaConfigs[config].two_groups || two_group_candidates());
+bool tma_candidate(ops::AlgPass pass, const AlgKernel& k) {
+  return tma_candidates() && (!unverified(pass, k) || unverified_candidates());
 }
 
 }  // namespace
@@ -348,7 +353,11 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
     for (int c = 0; c < detail::kAlgPairConfigCount; ++c) out.push_back({AlgKernel::Kind::Pair, c});
   }
   if (pass != ops::AlgPass::DW)
-    for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) out.push_back({AlgKernel::Kind::Tma, c});
+    for (int c = 0; c < detail::kAlgTmaConfigCount; ++c) {
+      out.push_back({AlgKernel::Kind::Tma, c});
+      if (pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[c]))
+        out.push_back({AlgKernel::Kind::Tma, c, true});
+    }
   else
     for (int c = 0; c < detail::kAlgTmaWeightConfigCount; ++c) {
       out.push_back({AlgKernel::Kind::Tma, c});
@@ -403,7 +412,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     if (n) std::memcpy(bytes.data() + at, src, n);
     return at;
   };
-  size_t rows_at, tiles_at, segs_at = 0, places_at = 0, splits_at = 0, chunks_at = 0, tile_begin_at = 0;
+  size_t rows_at, tiles_at, segs_at = 0, places_at = 0, splits_at = 0, chunks_at = 0, tile_begin_at = 0, cluster_at = 0;
   bool packed = false;
   int dev = 0, sms = 0;
   QV_CUDA_CHECK(cudaGetDevice(&dev));
@@ -450,12 +459,21 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     else if (two_groups)
       two.why_not = "this is the dX pass";
     d.why_not = two.why_not;
-    const ops::AlgRowPlan p = two_groups ? std::move(two.plan)
-                                         : ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
-                                                              kernel.kind != AlgKernel::Kind::Tma && !packed,
-                                                              packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
+    ops::AlgRowPlan p = two_groups ? std::move(two.plan)
+                                   : ops::plan_row_pass(law_, widths_, types, pass, tile_rows, tile_cols,
+                                                        kernel.kind != AlgKernel::Kind::Tma && !packed,
+                                                        packed ? detail::kAlgRowConfigs[kernel.config].chunk : 0);
+    std::vector<ops::AlgRowTile> cluster_tiles;
     if (kernel.kind == AlgKernel::Kind::Tma) {
+      // Of the whole plan: a cluster plan's split tiles are some of its tiles.
       d.tma_stride = p.tiles.empty() ? 0 : ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
+      if (kernel.split && pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[kernel.config])) {
+        ops::AlgClusterPlan cp = ops::plan_cluster_split(std::move(p), detail::kAlgTmaChunk, detail::kAlgTmaRows,
+                                                         detail::kAlgTmaClusterMaxParts);
+        p = std::move(cp.plan);
+        cluster_tiles = std::move(cp.split);
+        d.cluster_parts = cp.parts;
+      }
       const int extra = detail::kAlgTmaConfigs[kernel.config].extra;
       d.tma_extra_idle = extra > 0 && std::all_of(p.segments.begin(), p.segments.end(), [&](const ops::AlgSegment& s) {
                            return detail::tma_chunks(s.len, extra) == detail::tma_chunks(s.len, 0);
@@ -468,6 +486,8 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
     segs_at = append(p.segments.data(), p.segments.size() * sizeof(ops::AlgSegment));
     places_at = append(p.places.data(), p.places.size() * sizeof(ops::AlgSegmentPlace));
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgSplit));
+    cluster_at = append(cluster_tiles.data(), cluster_tiles.size() * sizeof(ops::AlgRowTile));
+    d.num_cluster_tiles = static_cast<int>(cluster_tiles.size());
     d.num_tiles = static_cast<int>(p.tiles.size());
     d.num_splits = static_cast<int>(p.splits.size());
     d.slot_rows = p.slot_rows;
@@ -497,6 +517,7 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   d.splits = base + splits_at;
   d.chunks = base + chunks_at;
   d.tile_begin = reinterpret_cast<const int32_t*>(base + tile_begin_at);
+  d.cluster_tiles = reinterpret_cast<const ops::AlgRowTile*>(base + cluster_at);
   plans_.push_back(std::move(d));
   return plans_.back();
 }
@@ -607,6 +628,11 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     QV_CHECK(d.tma_stride > 0 && w2 == nullptr,
              "algproj: the TMA kernel needs each tile's rows in one progression of one stride (cyclic or "
              "interval row types, M a multiple of the stride) and group offsets that are multiples of 8");
+    QV_CHECK(!kernel.split ||
+                 (pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[kernel.config])),
+             "algproj: {} splits the dX pass only, on a configuration of one warpgroup's 64-row tiles of 64, 128 or "
+             "192 columns",
+             kernel_name(pass, kernel));
     const int64_t M = static_cast<int64_t>(types.size());
     const bool fwd = pass == ops::AlgPass::Forward;
     const int cols = detail::kAlgTmaConfigs[kernel.config].cols;
@@ -634,6 +660,12 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
       t.y = tma_map_groups_bf16(out.raw(), M, law_.q(), group_cols, t.ldc, detail::kAlgTmaRows, d.tma_stride);
       t.out_group_cols = static_cast<int>(group_cols);
       t.view_rows = static_cast<int>(M / d.tma_stride);
+    }
+    if (d.num_cluster_tiles > 0) {  // the long tiles first, each by a cluster (ops::plan_cluster_split)
+      detail::AlgTmaArgs long_tiles = t;
+      long_tiles.tiles = d.cluster_tiles;
+      long_tiles.num_tiles = d.num_cluster_tiles;
+      detail::launch_algproj_tma_cluster(long_tiles, cols, d.cluster_parts, stream);
     }
     detail::launch_algproj_tma(t, kernel.config, stream);
     return;
@@ -719,7 +751,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
   if (!fused_ok) return products;
   for (const Choice& c : choices_)
     if (c.pass == pass && c.types == types) return c.kernel;
-  const std::string key = fmt::format("algproj22|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
+  const std::string key = fmt::format("algproj23|{}|{}|{}|in={}|out={}|M={}|types={:016x}", device_name_for_keys(),
                                       pass_name(pass), law_.name(), widths_key(widths_.in), widths_key(widths_.out),
                                       types.size(), types_hash(types));
   AlgKernel best{AlgKernel::Kind::Products, 0};
@@ -747,8 +779,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
         }
       } else if (kind == "tma" && tma_ok && config >= 0 &&
                  config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount) &&
-                 tma_candidate(pass, config)) {
-        const AlgKernel k{AlgKernel::Kind::Tma, config, pass == ops::AlgPass::DW && v->value("split", false)};
+                 tma_candidate(pass, {AlgKernel::Kind::Tma, config, v->value("split", false)})) {
+        const AlgKernel k{AlgKernel::Kind::Tma, config, pass != ops::AlgPass::Forward && v->value("split", false)};
         if (plan(pass, k, types, stream).tma_stride > 0) {
           best = k;
           known = true;
@@ -822,7 +854,7 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       if (k.kind == AlgKernel::Kind::Gemv && (fused_vec_ != 8 || types.size() > 64)) continue;
       // The TMA row pass: tensors its maps can describe and a plan its boxes can read.
       if (k.kind == AlgKernel::Kind::Tma) {
-        if (!tma_candidate(pass, k.config) || !tma_ok) continue;
+        if (!tma_candidate(pass, k) || !tma_ok) continue;
         const DevicePlan& d = plan(pass, k, types, stream);
         if (d.tma_stride == 0 || d.tma_extra_idle) continue;
       }
@@ -831,7 +863,10 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       // A split candidate whose plan has nothing to split is its unsplit twin.
       if (k.split) {
         const DevicePlan& d = plan(pass, k, types, stream);
-        if (k.kind == AlgKernel::Kind::Gemv ? d.slices == 1 : d.num_splits == 0) continue;
+        if (k.kind == AlgKernel::Kind::Gemv  ? d.slices == 1
+            : k.kind == AlgKernel::Kind::Tma && pass == ops::AlgPass::DX ? d.num_cluster_tiles == 0
+                                                                          : d.num_splits == 0)
+          continue;
       }
       run(k);  // warm: builds the plan, grows scratch
       const OutputDiff diff = checked ? check() : OutputDiff{};

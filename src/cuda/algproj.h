@@ -80,7 +80,10 @@ struct AlgKernel {
   // the dW fused kernel, long row lists split into pieces (ops::plan_weight_pass; slot traffic
   // and a reduction kernel); for the few-row kernel, up to 8 blocks per tile (a cluster that
   // adds its partial sums over distributed shared memory) until about two blocks per
-  // multiprocessor run. Other kernels ignore it.
+  // multiprocessor run; for the TMA dX (configurations where detail::tma_cluster_splits holds),
+  // the long tiles (ops::plan_cluster_split: Q_q's own blocks) by clusters of up to 8 blocks that
+  // add their sums over distributed shared memory, before the row pass runs the rest. Other
+  // kernels ignore it.
   bool split = false;
   bool operator==(const AlgKernel&) const = default;
 };
@@ -126,9 +129,11 @@ class AlgProj {
                 cudaStream_t stream = 0, bool accumulate_dw = false) const;
 
   // The kernels calibration times for a pass: the fused configurations (and, forward, the
-  // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0, the two-group
-  // ones only with QUIVER_ALGPROJ_TWO_GROUP=1), each where it applies. The products schedule is not among them: it adds several GEMMs into one output
-  // element (not one owner), so it runs only where the fused kernels cannot, or pinned.
+  // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0), each where it
+  // applies. Kernels not yet run on a GPU (the two-group configurations and the dX cluster splits)
+  // join only with QUIVER_ALGPROJ_UNVERIFIED=1. The products schedule is not among them: it adds
+  // several GEMMs into one output element (not one owner), so it runs only where the fused kernels
+  // cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
   // Calibration checks each candidate's output against the products schedule's on the same
   // inputs before timing it; one that disagrees (outputs_agree, calibration.h) is reported on
@@ -191,6 +196,11 @@ class AlgProj {
     bool tma_extra_idle = false;
     // A two-group configuration's plan (ops::plan_two_group_pass): why there is none; empty else.
     std::string why_not;
+    // A TMA dX split configuration's cluster plan (ops::plan_cluster_split): its long tiles, which
+    // launch_algproj_tma_cluster runs with cluster_parts blocks each before the row pass runs the
+    // other num_tiles; none: nothing to split.
+    const ops::AlgRowTile* cluster_tiles = nullptr;
+    int num_cluster_tiles = 0, cluster_parts = 0;
     // A staged row configuration's tiles as one TMA store box each (AlgRowArgs::y_rows); rows 0:
     // they are copied out by the block's threads.
     ops::AlgStoreBox store_box;

@@ -346,6 +346,19 @@ void launch_algproj_reduce(const AlgReduceArgs& args, cudaStream_t stream);
 void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream);
 // The Hopper row pass with configuration kAlgTmaConfigs[config].
 void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream);
+// The split configurations of the Hopper dX (a TMA AlgKernel with split): the long tiles of a
+// cluster plan (ops::plan_cluster_split) by `parts` blocks of one thread-block cluster each, every
+// block a producer warp and one warpgroup of wgmma m64n{cols}k16 over its piece of the tile's
+// chunks, the blocks' sums added in rank order over distributed shared memory; then the row pass
+// runs the plan's other tiles. For the row configurations of one warpgroup's tiles, 64 rows × 64,
+// 128 or 192 columns (not cooperative, tall or two-group).
+inline constexpr int kAlgTmaClusterMaxParts = 8;
+constexpr bool tma_cluster_splits(const AlgTmaConfig& c) {
+  return !c.cooperative && !c.tall && !c.two_groups && (c.cols == 64 || c.cols == 128 || c.cols == 192);
+}
+// args as for that configuration's dX (w_transposed, the maps' boxes `cols` W rows), with the
+// split tiles as its tiles; c is assigned (or added to, accumulate) from registers.
+void launch_algproj_tma_cluster(const AlgTmaArgs& args, int cols, int parts, cudaStream_t stream);
 // The weight pass on TMA; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_tma_weights(const AlgTmaWeightArgs& args, int config, cudaStream_t stream);
 // The weight pass; a plan with splits needs launch_algproj_reduce_weights after it.

@@ -7,7 +7,8 @@
 // stage, so that the tile's x is read from L2 once for all of them, or tall: two warpgroups one
 // above the other on tiles of 128 rows (a stage holds both 64-row A chunks and one W chunk), so
 // that the tile's W is read from L2 once for both (tiles of two output groups, ops::plan_two_group_pass,
-// have a kernel of their own below). The pass moves far more
+// and the long dX tiles of a cluster plan, ops::plan_cluster_split, have kernels of their own
+// below). The pass moves far more
 // bytes than it has products for (a tile reduces over 2·K/q), so its time follows the bytes its
 // tiles read: W's two blocks and x's two segments per tile.
 //
@@ -57,6 +58,7 @@
 // QUIVER_TMA_ABLATE_LOADS the producer arrives on each stage without loading it (the products
 // read stale shared memory), QUIVER_TMA_ABLATE_PRODUCTS issues no wgmma, QUIVER_TMA_ABLATE_STORES
 // skips the epilogue. The results are wrong by design; the times show which part sets the pass's.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -874,6 +876,128 @@ __global__ void __launch_bounds__(2 * kGroupThreads + 32, 1)
   if (tid == 0) bulk_wait();  // the warpgroup's last stores are complete
 }
 
+// ---- Long dX tiles split over a cluster -----------------------------------------------------
+// The split tiles of a cluster plan (ops::plan_cluster_split; launch_algproj_tma_cluster). Block
+// blockIdx.x works on tile blockIdx.x / parts as rank r of its cluster of `parts`, over the chunks
+// cluster_piece(chunks, parts, r) of the tile's segments (whole 64-deep chunks, walked in order).
+// Its producer warp loads each chunk's dY box and W box as the row pass's dX does, into a ring
+// that its one warpgroup consumes as a one-warpgroup row pass does (four wgmma m64nBNk16 per
+// chunk, one chunk's products in flight). Then the warpgroup lays out its fp32 sums over the ring
+// (every load has landed: each was waited for), the cluster syncs, and each block adds the
+// blocks' sums in rank order for every parts-th 8-column piece of the tile, rounds once (adding
+// the old value when accumulating) and stores bf16 pairs; a second sync keeps every block's
+// shared memory until the others have read it.
+template <int BN, int kStages>
+__global__ void __launch_bounds__(kGroupThreads + 32, 1)
+    algproj_tma_cluster_kernel(const __grid_constant__ AlgTmaArgs p, int parts) {
+  using L = TmaLayout<BN, kStages>;
+  constexpr int kPitch = BN + 4;  // the sums' row pitch in floats: 16-byte rows, banks staggered
+  static_assert(kAlgTmaRows * kPitch * sizeof(float) <= kStages * L::kStageBytes, "the sums fit over the ring");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const typename L::Ring ring(smem_raw);
+  uint64_t* full = ring.full();
+  uint64_t* empty = ring.empty();
+  if (threadIdx.x == 0) ring.init();  // one warpgroup reads each stage
+  ring.clear_zero();
+  __syncthreads();
+  pdl_trigger();  // a programmatic dependent (block_launch.cuh), as the row pass
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const ops::AlgRowTile t = p.tiles[blockIdx.x / parts];
+  int chunks = 0;
+  for (int s = 0; s < t.seg_count; ++s) chunks += p.segments[t.seg_begin + s].len / kAlgTmaChunk;
+  const ops::AlgChunkRange piece = ops::cluster_piece(chunks, parts, rank);
+  const int r_first = p.rows[t.row_begin];
+  pdl_wait();  // dY and W are read, and dX written, once the kernel before has finished
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* sums = reinterpret_cast<float*>(ring.a(0));  // [64][kPitch], over the ring at the end
+
+  if (warp == kGroupThreads / 32) {  // the producer warp: lane 0 issues
+    if (lane == 0) {
+      const int cls = r_first % p.row_stride, i0 = r_first / p.row_stride;
+      for (int s = 0, c = 0, n = 0; s < t.seg_count; ++s) {
+        const ops::AlgSegment seg = p.segments[t.seg_begin + s];
+        for (int k = seg.k0; k < seg.k0 + seg.len; k += kAlgTmaChunk, ++c) {
+          if (c < piece.begin || c >= piece.end) continue;
+          const int stage = n % kStages;
+          if (n >= kStages) tma::wait(&empty[stage], ((n / kStages) & 1) ^ 1);
+#ifdef QUIVER_TMA_ABLATE_LOADS
+          tma::arrive(&full[stage]);
+#else
+          tma::arrive_expect(&full[stage], L::A::kBytes + L::kBBytes);
+          if (p.row_stride > 1)
+            tma::load_3d(ring.a(stage), &p.x, &full[stage], k, cls, i0);
+          else
+            tma::load_2d(ring.a(stage), &p.x, &full[stage], k, r_first);
+          tma::load_2d(ring.b(stage), &p.w, &full[stage], k, t.col0);  // W rows col0 .. col0 + BN - 1
+#endif
+          ++n;
+        }
+      }
+    }
+  } else {  // the consumer warpgroup
+    const int grp = lane / 4, tig = lane % 4;
+    float acc[BN / 2];
+#pragma unroll
+    for (int e = 0; e < BN / 2; ++e) acc[e] = 0.0f;
+    for (int n = 0; n < piece.end - piece.begin; ++n) {
+      const int stage = n % kStages;
+      tma::wait(&full[stage], (n / kStages) & 1);
+      chunk_products<BN, BN, true>(acc, ring.a(stage), ring.b(stage), 0, kAlgTmaChunk, ring.zero());
+      wgmma::commit();
+      wgmma::wait<1>();  // the previous chunk's products are done (this warp's share): its stage is free
+      if (n > 0 && lane == 0) tma::arrive(&empty[(n - 1) % kStages]);
+    }
+    wgmma::wait<0>();
+    group_barrier(0);  // every warp's products have read the ring
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * warp + grp + 8 * half;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+        *reinterpret_cast<float2*>(sums + i * kPitch + 8 * jj + 2 * tig) =
+            make_float2(acc[4 * jj + 2 * half], acc[4 * jj + 2 * half + 1]);
+    }
+  }
+  cluster.sync();  // every block's sums, visible to the cluster
+  if (warp < kGroupThreads / 32) {
+    constexpr int kPieces = BN / 8;  // 8-column pieces of a row
+    for (int v = rank * kGroupThreads + static_cast<int>(threadIdx.x); v < kAlgTmaRows * kPieces;
+         v += parts * kGroupThreads) {
+      const int i = v / kPieces, c8 = v % kPieces * 8;
+      if (i >= t.row_count || c8 >= t.ncols) continue;
+      float sum[8] = {};
+      for (int b = 0; b < parts; ++b) {  // in rank order
+        const float* src = cluster.map_shared_rank(sums, b) + i * kPitch + c8;
+        const float4 lo = *reinterpret_cast<const float4*>(src), hi = *reinterpret_cast<const float4*>(src + 4);
+        sum[0] += lo.x;
+        sum[1] += lo.y;
+        sum[2] += lo.z;
+        sum[3] += lo.w;
+        sum[4] += hi.x;
+        sum[5] += hi.y;
+        sum[6] += hi.z;
+        sum[7] += hi.w;
+      }
+      uint16_t* out = p.c + static_cast<int64_t>(p.rows[t.row_begin + i]) * p.ldc + t.col0 + c8;
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        if (c8 + j >= t.ncols) break;
+        float v0 = sum[j], v1 = sum[j + 1];
+        auto* dst = reinterpret_cast<__nv_bfloat162*>(out + j);
+        if (p.accumulate) {
+          const float2 old = __bfloat1622float2(*dst);
+          v0 += old.x;
+          v1 += old.y;
+        }
+        *dst = __floats2bfloat162_rn(v0, v1);
+      }
+    }
+  }
+  cluster.sync();  // no block leaves while another reads its sums
+}
+
 // ---- Weight pass ----------------------------------------------------------------------------
 // dW tiles walked as the row pass walks its tiles: one block per tile, or persistent (the blocks
 // that fit at once, each walking every gridDim-th tile; with two consumer warpgroups taking the
@@ -1085,10 +1209,48 @@ void tma_configs(const AlgTmaArgs& a, int config, cudaStream_t stream, std::inte
   ((config == I ? (a.w_transposed ? tma_config<I, true>(a, stream) : tma_config<I, false>(a, stream)) : void()), ...);
 }
 
+template <int BN, int kStages>
+void tma_cluster(const AlgTmaArgs& a, int parts, cudaStream_t stream) {
+  constexpr auto kernel = algproj_tma_cluster_kernel<BN, kStages>;
+  constexpr size_t smem = TmaLayout<BN, kStages>::kSmem;
+  // Two blocks a multiprocessor, as the one-warpgroup row pass.
+  static_assert(2 * smem <= 227 * 1024, "two blocks fit a multiprocessor");
+  static const bool opted = [] {
+    QV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return true;
+  }();
+  (void)opted;
+  if (a.num_tiles == 0) return;
+  cudaLaunchAttribute attrs[2]{pdl_attribute(), {}};
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = static_cast<unsigned>(parts);
+  attrs[1].val.clusterDim.y = attrs[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(static_cast<unsigned>(a.num_tiles * parts));
+  launch.blockDim = dim3(kGroupThreads + 32);
+  launch.dynamicSmemBytes = smem;
+  launch.stream = stream;
+  launch.attrs = attrs;
+  launch.numAttrs = 2;
+  QV_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, a, parts));
+}
+
 }  // namespace
 
 void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream) {
   tma_configs(args, config, stream, std::make_integer_sequence<int, kAlgTmaConfigCount>{});
+}
+
+void launch_algproj_tma_cluster(const AlgTmaArgs& args, int cols, int parts, cudaStream_t stream) {
+  // AlgProj checks the arguments with messages; here a bad one is only an invalid value.
+  if (!args.w_transposed || parts < 1 || parts > kAlgTmaClusterMaxParts) QV_CUDA_CHECK(cudaErrorInvalidValue);
+  // A stage of 8 KB of dY and cols 128-byte W rows; about 96 KB of stages a block.
+  switch (cols) {
+    case 64: tma_cluster<64, 6>(args, parts, stream); break;
+    case 128: tma_cluster<128, 4>(args, parts, stream); break;
+    case 192: tma_cluster<192, 3>(args, parts, stream); break;
+    default: QV_CUDA_CHECK(cudaErrorInvalidValue);
+  }
 }
 
 void launch_algproj_tma_weights(const AlgTmaWeightArgs& args, int config, cudaStream_t stream) {

@@ -916,6 +916,73 @@ TEST(GpuAlgProj, TmaTwoGroupForward) {
   }
 }
 
+TEST(GpuAlgProj, TmaClusterSplitDx) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // The dX split configurations pinned (forward and dW by the products schedule): Q_q's own
+  // blocks reduced by clusters, the rest by the row pass. Partial tiles (65 and 75 rows a type:
+  // tiles of one and of eleven rows), strided and contiguous rows, one decode row, tiles narrower
+  // than the kernel (blocks of 80 in 64 + 16 or one 128-column tile), 2 and 8 blocks a tile, and
+  // several chunks or none a block (Q_16's 32 chunks in 8 pieces, Q_4's 8 in 2). Each case's plan
+  // is checked to split: the planner's own rule, as AlgProj calls it.
+  struct SplitCase {
+    Case c;
+    std::vector<int> types;
+  };
+  const SplitCase cases[] = {
+      {{"Q4", {}, {}, 320, 512}, make_types(Sched::Cyclic, 260, 4, 1)},
+      {{"Q4", {}, {}, 320, 512}, make_types(Sched::Interval, 300, 4, 2)},
+      {{"Q4", {}, {}, 320, 512}, {2}},
+      {{"Q16", {}, {}, 512, 2048}, make_types(Sched::Cyclic, 2048, 16, 1)},
+      {{"Q32", {}, {}, 2048, 6144}, make_types(Sched::Cyclic, 512, 32, 1)},
+  };
+  // Every split configuration on each case's inputs, so that its float64 references are computed once.
+  std::vector<cuda::AlgProj::Kernels> every;
+  for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c)
+    if (cuda::detail::tma_cluster_splits(cuda::detail::kAlgTmaConfigs[c]))
+      every.push_back({kProducts, AlgKernel{AlgKernel::Kind::Tma, c, true}, kProducts});
+  ASSERT_FALSE(every.empty());
+  for (const SplitCase& sc : cases) {
+    const algebra::Law law = algebra::Law::parse(sc.c.law);
+    for (const cuda::AlgProj::Kernels& k : every) {
+      const cuda::detail::AlgTmaConfig& cfg = cuda::detail::kAlgTmaConfigs[k.dx->config];
+      const ops::AlgClusterPlan cp = ops::plan_cluster_split(
+          ops::plan_row_pass(law, widths_of(sc.c, law.q()), sc.types, ops::AlgPass::DX, cfg.tile_rows(),
+                             cfg.tile_cols(), false),
+          cuda::detail::kAlgTmaChunk, cuda::detail::kAlgTmaRows, cuda::detail::kAlgTmaClusterMaxParts);
+      ASSERT_GT(cp.parts, 1) << sc.c.law << ", tma config " << k.dx->config;
+    }
+    check_case(sc.c, sc.types, 561, every);
+  }
+  // Nothing to split (own reductions of 624, not whole chunks): the row pass alone.
+  check_case({"Q4", {80, 160, 64, 96}, {128, 64, 176, 256}}, make_types(Sched::Cyclic, 260, 4, 1), 571, every);
+  // A split configuration pinned for the forward, or a configuration without a cluster kernel: a
+  // clear error.
+  for (int c = 0; c < cuda::detail::kAlgTmaConfigCount; ++c) {
+    const bool splits = cuda::detail::tma_cluster_splits(cuda::detail::kAlgTmaConfigs[c]);
+    if (cuda::detail::kAlgTmaConfigs[c].two_groups) continue;
+    const AlgKernel split{AlgKernel::Kind::Tma, c, true};
+    cuda::AlgProj gpu(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 512));
+    const Tensor x = Tensor::zeros({64, 320}, DType::BF16, Device::CUDA);
+    const Tensor w = Tensor::zeros({320, 512}, DType::BF16, Device::CUDA);
+    const Tensor dy = Tensor::zeros({64, 512}, DType::BF16, Device::CUDA);
+    Tensor y = Tensor::empty({64, 512}, DType::BF16, Device::CUDA);
+    Tensor dx = Tensor::empty({64, 320}, DType::BF16, Device::CUDA);
+    try {
+      if (splits) {
+        gpu.set_kernels({split, std::nullopt, std::nullopt});
+        gpu.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
+      } else {
+        gpu.set_kernels({std::nullopt, split, std::nullopt});
+        gpu.backward(x, w, dy, make_types(Sched::Cyclic, 64, 4, 1), &dx, nullptr);
+      }
+      FAIL() << "expected an error (tma config " << c << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("splits the dX pass only"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
