@@ -778,10 +778,12 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
           known = true;
         }
       } else if (kind == "tma" && tma_ok && config >= 0 &&
-                 config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount) &&
-                 tma_candidate(pass, {AlgKernel::Kind::Tma, config, v->value("split", false)})) {
-        const AlgKernel k{AlgKernel::Kind::Tma, config, pass != ops::AlgPass::Forward && v->value("split", false)};
-        if (plan(pass, k, types, stream).tma_stride > 0) {
+                 config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount)) {
+        // A split: dW's, or a dX configuration's with a cluster kernel (kernel_candidates).
+        const AlgKernel k{AlgKernel::Kind::Tma, config, v->value("split", false)};
+        const bool splits = pass == ops::AlgPass::DW ||
+                            (pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[config]));
+        if (tma_candidate(pass, k) && (!k.split || splits) && plan(pass, k, types, stream).tma_stride > 0) {
           best = k;
           known = true;
         }
