@@ -364,6 +364,71 @@ TEST(AlgProjTiles, FewTilesAreSplit) {
     EXPECT_EQ(t.list_count, 512);
 }
 
+// dW as the diagonal-GEMM configurations compute it: the weight plan without the diagonal blocks'
+// tiles, and then each diagonal block (j, j) as x[:, input group j]ᵀ · dY[:, output group j] over
+// every row (the batched GEMM's member j): the formula, every element written once.
+TEST(AlgProjTiles, DiagonalGemmAndTheRestAreTheFormula) {
+  struct DiagCase {
+    std::string law;
+    int64_t K, N, M;
+    bool random_types;
+  };
+  const DiagCase cases[] = {
+      {"Q16", 512, 2048, 2048, false},  // Q_16: 2048 rows on the diagonal against 128
+      {"Q2xQ2", 96, 160, 300, false},    // a tensor law, partial tiles
+      {"Q4", 64, 48, 77, true},          // any row types
+      {"graph:4:0>1,1>2,2>3", 128, 64, 64, false},
+  };
+  for (const DiagCase& c : cases) {
+    SCOPED_TRACE(c.law);
+    const algebra::Law law = algebra::Law::parse(c.law);
+    const int q = law.q();
+    const algebra::GroupWidths widths = algebra::GroupWidths::equal(q, c.K, c.N);
+    std::vector<int> types = algebra::Schedule::cyclic().types(0, c.M, q);
+    if (c.random_types) {
+      Rng rng(5);
+      for (int& t : types) t = static_cast<int>(rng.next_u64() % static_cast<uint64_t>(q));
+    }
+    const ops::AlgDiagonalGemm diag = ops::plan_diagonal_gemm(law, widths);
+    ASSERT_TRUE(diag.why_not.empty()) << diag.why_not;
+    EXPECT_EQ(diag.in, c.K / q);
+    EXPECT_EQ(diag.out, c.N / q);
+    const auto [x, dy, dw_ref] = weight_case(law, widths, types, 11);
+    ops::AlgWeightPlan p = ops::plan_weight_pass(law, widths, types, 32, 64, false);
+    const size_t all_tiles = p.tiles.size();
+    const int64_t macs = p.macs;
+    ops::drop_diagonal_tiles(p, widths);
+    EXPECT_LT(p.tiles.size(), all_tiles);
+    EXPECT_EQ(p.macs, macs);
+    std::vector<int> writes;
+    Tensor dw = run_weight_plan(p, x, dy, writes);
+    const int64_t K = c.K, N = c.N, M = c.M;
+    for (int j = 0; j < q; ++j)
+      for (int64_t i = 0; i < diag.in; ++i)
+        for (int64_t o = 0; o < diag.out; ++o) {
+          const int64_t k = j * diag.in + i, n = j * diag.out + o;
+          double acc = 0;
+          for (int64_t m = 0; m < M; ++m) acc += x.data<double>()[m * K + k] * dy.data<double>()[m * N + n];
+          dw.data<double>()[k * N + n] = acc;
+          ++writes[static_cast<size_t>(k * N + n)];
+        }
+    EXPECT_TRUE(each_once(writes));
+    EXPECT_LT(max_abs_diff(dw, dw_ref), 1e-9);
+  }
+  // Where it does not apply, it says why.
+  EXPECT_NE(ops::plan_diagonal_gemm(algebra::Law::complete(4), algebra::GroupWidths{{8, 8, 8, 16}, {8, 8, 8, 8}})
+                .why_not.find("one width"),
+            std::string::npos);
+  const algebra::Law no_own = algebra::Law::from_table(2, {{1}, {0}, {1}, {0}});  // B(α, δ) = {1 − δ}
+  const ops::AlgDiagonalGemm none = ops::plan_diagonal_gemm(no_own, algebra::GroupWidths::equal(2, 16, 16));
+  EXPECT_EQ(none.in, 0);
+  EXPECT_NE(none.why_not.find("own input block"), std::string::npos) << none.why_not;
+  ops::AlgWeightPlan split = ops::plan_weight_pass(algebra::Law::parse("Q2xQ2"), algebra::GroupWidths::equal(4, 32, 32),
+                                                   algebra::Schedule::cyclic().types(0, 8192, 4), 8, 8, true, 64);
+  ASSERT_FALSE(split.splits.empty());
+  EXPECT_THROW(ops::drop_diagonal_tiles(split, algebra::GroupWidths::equal(4, 32, 32)), Error);
+}
+
 // The stride the TMA row pass reads a plan's tiles with: q for cyclic types, 1 for contiguous
 // ones and single rows; 0 for irregular rows or M not a multiple of the stride.
 TEST(AlgProjTiles, UniformRowStride) {

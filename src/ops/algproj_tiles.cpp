@@ -5,6 +5,8 @@
 #include <limits>
 #include <map>
 
+#include <fmt/format.h>
+
 #include "algebra/law.h"
 #include "quiver/error.h"
 
@@ -339,6 +341,35 @@ AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int 
   }
   out.plan = std::move(plan);
   return out;
+}
+
+AlgDiagonalGemm plan_diagonal_gemm(const algebra::Law& law, const algebra::GroupWidths& widths) {
+  widths.validate(law.q());
+  const int q = law.q();
+  AlgDiagonalGemm out;
+  for (int a = 0; a < q; ++a)
+    for (int d = 0; d < q; ++d)
+      if (!law.contributes(a, d, d)) {
+        out.why_not = fmt::format("type {} does not reduce output group {} over its own input block", a, d);
+        return out;
+      }
+  for (int g = 0; g < q; ++g)
+    if (widths.in[g] != widths.in[0] || widths.out[g] != widths.out[0] || widths.in[g] == 0 || widths.out[g] == 0) {
+      out.why_not = "the groups are not all one width (input) and one width (output)";
+      return out;
+    }
+  out.in = widths.in[0];
+  out.out = widths.out[0];
+  return out;
+}
+
+void drop_diagonal_tiles(AlgWeightPlan& plan, const algebra::GroupWidths& widths) {
+  QV_CHECK(plan.splits.empty(), "drop_diagonal_tiles: the plan must be unsplit");
+  const std::vector<int64_t> in_off = widths.in_offsets(), out_off = widths.out_offsets();
+  auto group_of = [](const std::vector<int64_t>& off, int64_t at) {
+    return static_cast<int>(std::upper_bound(off.begin(), off.end(), at) - off.begin()) - 1;
+  };
+  std::erase_if(plan.tiles, [&](const AlgWeightTile& t) { return group_of(in_off, t.k0) == group_of(out_off, t.col0); });
 }
 
 AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::GroupWidths& widths,

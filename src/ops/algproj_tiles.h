@@ -250,6 +250,24 @@ struct AlgPairPlan {
 AlgPairPlan plan_pair_pass(const algebra::Law& law, const algebra::GroupWidths& widths, const std::vector<int>& row_types,
                            int tile_rows, int groups, int group_box);
 
+// Diagonal GEMMs (dW; the Hopper weight pass's diagonal-GEMM configurations, src/cuda/algproj.cpp).
+// Where every row type's support of each output group holds that group's own input block
+// (δ ∈ B(α, δ): every law built in), each diagonal block (δ, δ) of dW reduces over every row, while
+// at Q_q the others reduce over one type's rows: at M = 2048 and q = 32, 32 chunks of 64 rows
+// against one, half of the weight pass's stages for 1/q of dW. Where the input groups share one
+// width and the output groups another, those q blocks are one strided batched GEMM: member j is
+// x[:, input group j]ᵀ · dY[:, output group j] into dW's block (j, j). plan_diagonal_gemm says
+// whether it applies (in and out: the blocks' shape; 0 and why_not otherwise);
+// drop_diagonal_tiles takes those blocks' tiles out of an unsplit weight plan, whose other tiles
+// the weight pass then runs (every output element still has one owner). The plan's rows and macs
+// stay the whole pass's.
+struct AlgDiagonalGemm {
+  int64_t in = 0, out = 0;
+  std::string why_not;
+};
+AlgDiagonalGemm plan_diagonal_gemm(const algebra::Law& law, const algebra::GroupWidths& widths);
+void drop_diagonal_tiles(AlgWeightPlan& plan, const algebra::GroupWidths& widths);
+
 // split: whether long row lists may be split (see the file comment); min_pieces: where the
 // plan has fewer tiles, lists are also cut into pieces of about (rows of all lists) / min_pieces
 // (the GPU asks for a few blocks per multiprocessor).
