@@ -293,11 +293,12 @@ bool tma_candidates() {
 // Kernels built but not yet run on a GPU: calibration candidates only with
 // QUIVER_ALGPROJ_UNVERIFIED=1 until their GPU tests have passed, since a TMA kernel that faults
 // ends the process, which calibration's output check cannot catch; pinned, they always run. Now
-// the two-group configurations (AlgTmaConfig::two_groups; GpuAlgProj.TmaTwoGroupForward) and the
-// dX cluster splits (GpuAlgProj.TmaClusterSplitDx).
+// the two-group configurations (AlgTmaConfig::two_groups; GpuAlgProj.TmaTwoGroupForward), the
+// dX cluster splits (GpuAlgProj.TmaClusterSplitDx) and the dW diagonal GEMMs
+// (GpuAlgProj.TmaWeightDiagonalGemm).
 bool unverified(ops::AlgPass pass, const AlgKernel& k) {
-  return k.kind == AlgKernel::Kind::Tma && pass != ops::AlgPass::DW &&
-         (detail::kAlgTmaConfigs[k.config].two_groups || k.split);
+  if (k.kind != AlgKernel::Kind::Tma) return false;
+  return pass == ops::AlgPass::DW ? k.diagonal_gemm : detail::kAlgTmaConfigs[k.config].two_groups || k.split;
 }
 bool unverified_candidates() {
   static const bool on = [] {
@@ -320,12 +321,13 @@ std::string kernel_name(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind == AlgKernel::Kind::Tma) {
     const bool dw = pass == ops::AlgPass::DW;
     const detail::AlgTmaConfig& c = dw ? detail::kAlgTmaWeightConfigs[k.config] : detail::kAlgTmaConfigs[k.config];
-    return fmt::format("tma {}x{} k{}{}x{}{}{}{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk,
+    return fmt::format("tma {}x{} k{}{}x{}{}{}{}{}{}{}{}{}{}{}", c.tile_rows(), c.tile_cols(), detail::kAlgTmaChunk,
                        c.extra > 0 ? fmt::format("+{}", 16 * c.extra) : "", c.stages,
                        c.groups > 1 ? fmt::format(" {}wg", c.groups) : "", c.cooperative ? " cooperative" : "",
                        c.tall ? " tall" : "", c.persistent ? " persistent" : "", c.eager ? " eager" : "",
                        c.one_staging ? " one-staging" : "", c.ring_staging ? " ring-staging" : "",
-                       c.two_groups ? " two-group" : "", k.split ? " split" : "");
+                       c.two_groups ? " two-group" : "", k.split ? " split" : "",
+                       dw && k.diagonal_gemm ? " diagonal-gemm" : "");
   }
   if (k.kind == AlgKernel::Kind::Pair) {
     const detail::AlgPairConfig& c = detail::kAlgPairConfigs[k.config];
@@ -362,6 +364,7 @@ std::vector<AlgKernel> AlgProj::kernel_candidates(ops::AlgPass pass) {
     for (int c = 0; c < detail::kAlgTmaWeightConfigCount; ++c) {
       out.push_back({AlgKernel::Kind::Tma, c});
       out.push_back({AlgKernel::Kind::Tma, c, true});
+      out.push_back({AlgKernel::Kind::Tma, c, false, true});
     }
   return out;
 }
@@ -428,8 +431,19 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
   } else if (pass == ops::AlgPass::DW) {
     // The split candidate: long lists, and every list where there are fewer than four tiles
     // per multiprocessor (about two waves of two resident blocks).
-    const ops::AlgWeightPlan p =
+    ops::AlgWeightPlan p =
         ops::plan_weight_pass(law_, widths_, types, tile_rows, tile_cols, kernel.split, 4 * int64_t{sms});
+    if (kernel.kind == AlgKernel::Kind::Tma && kernel.diagonal_gemm) {  // the diagonal blocks by one GEMM
+      const ops::AlgDiagonalGemm diag = ops::plan_diagonal_gemm(law_, widths_);
+      d.why_not = diag.why_not;
+      if (diag.in > 0 && p.splits.empty()) {
+        ops::drop_diagonal_tiles(p, widths_);
+        d.diagonal_in = diag.in;
+        d.diagonal_out = diag.out;
+      } else if (diag.in > 0) {
+        d.why_not = "the plan has split row lists";
+      }
+    }
     rows_at = append(p.rows.data(), p.rows.size() * sizeof(int32_t));
     tiles_at = append(p.tiles.data(), p.tiles.size() * sizeof(ops::AlgWeightTile));
     splits_at = append(p.splits.data(), p.splits.size() * sizeof(ops::AlgWeightSplit));
@@ -525,6 +539,9 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
 void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor& a, const Tensor& w,
                         const Tensor* x, const std::vector<int>& types, Tensor& out, bool accumulate,
                         cudaStream_t stream, const Tensor* w2, Tensor* out2, bool swiglu) const {
+  QV_CHECK(!kernel.diagonal_gemm || (pass == ops::AlgPass::DW && kernel.kind == AlgKernel::Kind::Tma),
+           "algproj: the diagonal GEMM belongs to the TMA weight pass (dW), not to {} for {}", kernel_name(pass, kernel),
+           pass_name(pass));
   const DevicePlan& d = plan(pass, kernel, types, stream);
   QV_CHECK(w2 == nullptr || (kernel.kind == AlgKernel::Kind::Gemv && d.num_splits == 0 && !accumulate &&
                              (out2 != nullptr) != swiglu),
@@ -537,6 +554,10 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
       QV_CHECK(d.tma_stride > 0,
                "algproj: the TMA weight pass needs row types whose rows run in progressions (cyclic or interval "
                "types; strided ones with M a multiple of q) and group offsets that are multiples of 8");
+      QV_CHECK(!kernel.diagonal_gemm || d.diagonal_in > 0,
+               "algproj: {} computes the diagonal blocks of dW by one batched GEMM, which needs every type to "
+               "reduce each output group over its own input block and groups of one width; {}",
+               kernel_name(pass, kernel), d.why_not);
       const int64_t M = static_cast<int64_t>(types.size());
       const int s = d.tma_stride;
       detail::AlgTmaWeightArgs t{};
@@ -556,6 +577,14 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
       t.accumulate = accumulate;
       t.partials = partials;
       detail::launch_algproj_tma_weights(t, config, stream);
+      if (d.diagonal_in > 0) {
+        // Member j: dW[group j's rows, group j's columns] (+)= x[:, in group j]ᵀ · dY[:, out group j]
+        // over every row.
+        const int64_t in = d.diagonal_in, n_out = d.diagonal_out;
+        gemm_batched(true, false, in, n_out, M, 1.0f, x->raw(), DType::BF16, K(), in, a.raw(), DType::BF16, N(),
+                     n_out, accumulate ? 1.0f : 0.0f, dw, DType::F32, N(), in * N() + n_out, law_.q(), Epilogue::None,
+                     nullptr, DType::F32, 0, stream);
+      }
     } else {
       detail::AlgWeightArgs args{};
       args.x = static_cast<const uint16_t*>(x->raw());
@@ -780,10 +809,13 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       } else if (kind == "tma" && tma_ok && config >= 0 &&
                  config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount)) {
         // A split: dW's, or a dX configuration's with a cluster kernel (kernel_candidates).
-        const AlgKernel k{AlgKernel::Kind::Tma, config, v->value("split", false)};
+        const AlgKernel k{AlgKernel::Kind::Tma, config, v->value("split", false),
+                          pass == ops::AlgPass::DW && v->value("diagonal_gemm", false)};
         const bool splits = pass == ops::AlgPass::DW ||
                             (pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[config]));
-        if (tma_candidate(pass, k) && (!k.split || splits) && plan(pass, k, types, stream).tma_stride > 0) {
+        const bool fits = (!k.split || splits) && !(k.split && k.diagonal_gemm);
+        if (tma_candidate(pass, k) && fits && plan(pass, k, types, stream).tma_stride > 0 &&
+            (!k.diagonal_gemm || plan(pass, k, types, stream).diagonal_in > 0)) {
           best = k;
           known = true;
         }
@@ -870,6 +902,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                                                                           : d.num_splits == 0)
           continue;
       }
+      // A diagonal-GEMM candidate where the diagonal blocks are not one batched GEMM.
+      if (k.diagonal_gemm && plan(pass, k, types, stream).diagonal_in == 0) continue;
       run(k);  // warm: builds the plan, grows scratch
       const OutputDiff diff = checked ? check() : OutputDiff{};
       if (checked && !outputs_agree(diff)) {
@@ -945,7 +979,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                        : best.kind == AlgKernel::Kind::Pair   ? "pair"
                                                               : "tma";
     nlohmann::json entry = {{"kernel", kind},          {"config", best.config},
-                            {"split", best.split},       {"name", kernel_name(pass, best)},
+                            {"split", best.split},       {"diagonal_gemm", best.diagonal_gemm},
+                            {"name", kernel_name(pass, best)},
                             {"us", best_us},             {"l2", cold ? "flushed" : "warm"},
                             {"candidates_us", timings}};
     if (cold) entry["candidates_warm_us"] = warm_timings;

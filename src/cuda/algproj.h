@@ -85,6 +85,10 @@ struct AlgKernel {
   // add their sums over distributed shared memory, before the row pass runs the rest. Other
   // kernels ignore it.
   bool split = false;
+  // The TMA weight pass only (dW): the diagonal blocks, which every row type uses, by one strided
+  // batched GEMM (ops::plan_diagonal_gemm: equal input groups and equal output groups), the weight
+  // pass running the other blocks.
+  bool diagonal_gemm = false;
   bool operator==(const AlgKernel&) const = default;
 };
 std::string kernel_name(ops::AlgPass pass, const AlgKernel& k);  // "products", "fused 64x128"
@@ -130,8 +134,8 @@ class AlgProj {
 
   // The kernels calibration times for a pass: the fused configurations (and, forward, the
   // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0), each where it
-  // applies. Kernels not yet run on a GPU (the two-group configurations and the dX cluster splits)
-  // join only with QUIVER_ALGPROJ_UNVERIFIED=1. The products schedule is not among them: it adds
+  // applies. Kernels not yet run on a GPU (the two-group configurations, the dX cluster splits and
+  // the dW diagonal GEMMs) join only with QUIVER_ALGPROJ_UNVERIFIED=1. The products schedule is not among them: it adds
   // several GEMMs into one output element (not one owner), so it runs only where the fused kernels
   // cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
@@ -194,13 +198,17 @@ class AlgProj {
     // A TMA row configuration with extra slices (AlgTmaConfig::extra) whose walk of the plan's
     // segments takes no fewer stages than without them: its twin without them is as fast.
     bool tma_extra_idle = false;
-    // A two-group configuration's plan (ops::plan_two_group_pass): why there is none; empty else.
+    // A two-group configuration's plan (ops::plan_two_group_pass), or a diagonal-GEMM one's
+    // (ops::plan_diagonal_gemm): why there is none; empty else.
     std::string why_not;
     // A TMA dX split configuration's cluster plan (ops::plan_cluster_split): its long tiles, which
     // launch_algproj_tma_cluster runs with cluster_parts blocks each before the row pass runs the
     // other num_tiles; none: nothing to split.
     const ops::AlgRowTile* cluster_tiles = nullptr;
     int num_cluster_tiles = 0, cluster_parts = 0;
+    // A TMA weight diagonal-GEMM configuration's diagonal blocks (ops::plan_diagonal_gemm), which
+    // one batched GEMM computes after the weight pass runs the other tiles; in 0: none (why_not).
+    int64_t diagonal_in = 0, diagonal_out = 0;
     // A staged row configuration's tiles as one TMA store box each (AlgRowArgs::y_rows); rows 0:
     // they are copied out by the block's threads.
     ops::AlgStoreBox store_box;

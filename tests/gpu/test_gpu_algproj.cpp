@@ -983,6 +983,45 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
   }
 }
 
+TEST(GpuAlgProj, TmaWeightDiagonalGemm) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  register_gpu();
+  // Every TMA weight configuration with the diagonal blocks by one batched GEMM (forward and dX by
+  // the products schedule), assigned and (check_case's second backward) accumulated: Q_q, a tensor
+  // and a graph law, strided and contiguous rows, partial tiles, one decode row.
+  std::vector<cuda::AlgProj::Kernels> every;
+  for (int c = 0; c < cuda::detail::kAlgTmaWeightConfigCount; ++c)
+    every.push_back({kProducts, kProducts, AlgKernel{AlgKernel::Kind::Tma, c, false, true}});
+  check_case({"Q4", {}, {}, 320, 512}, make_types(Sched::Cyclic, 260, 4, 1), 581, every);
+  check_case({"Q2xQ2", {}, {}, 256, 384}, make_types(Sched::Interval, 300, 4, 2), 582, every);
+  check_case({"graph:4:0>1,1>2,2>3", {}, {}, 512, 256}, make_types(Sched::Cyclic, 256, 4, 1), 583, every);
+  check_case({"Q16", {}, {}, 512, 2048}, make_types(Sched::Cyclic, 2048, 16, 1), 584, every);
+  check_case({"Q4", {}, {}, 320, 512}, {2}, 585, every);
+  // Unequal groups (no batched GEMM), or the forward: a clear error.
+  const AlgKernel diag{AlgKernel::Kind::Tma, 0, false, true};
+  cuda::AlgProj unequal(algebra::Law::parse("Q4"), algebra::GroupWidths{{64, 128, 64, 64}, {64, 64, 64, 64}});
+  unequal.set_kernels({std::nullopt, kProducts, diag});
+  const Tensor x = Tensor::zeros({64, 320}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::zeros({320, 256}, DType::BF16, Device::CUDA);
+  const Tensor dy = Tensor::zeros({64, 256}, DType::BF16, Device::CUDA);
+  Tensor dw = Tensor::empty({320, 256}, DType::F32, Device::CUDA);
+  try {
+    unequal.backward(x, w, dy, make_types(Sched::Cyclic, 64, 4, 1), nullptr, &dw);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one width"), std::string::npos) << e.what();
+  }
+  cuda::AlgProj fwd(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 256));
+  fwd.set_kernels({diag, std::nullopt, std::nullopt});
+  Tensor y = Tensor::empty({64, 256}, DType::BF16, Device::CUDA);
+  try {
+    fwd.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to the TMA weight pass"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   register_gpu();
