@@ -50,6 +50,10 @@ struct AlgProjBenchRow {
   double rel_error = 0;
   bool correct = false;
   double alg_after_idle_us = 0;  // clock_probe: median of the algebraic warm call 30 ms after dense
+  // The least a call can take: an empty kernel launched as the algebraic ones are, timed as the
+  // algebraic warm graph is (as many calls a graph, median per call). At M = 1 most floors are
+  // below it.
+  double launch_us = 0;
 };
 
 std::vector<AlgProjBenchRow> bench_algproj_cuda(const AlgProjBenchOptions& options = {});

@@ -9,6 +9,7 @@
 #include "cuda/algproj_launch.h"
 #include "cuda/check.h"
 #include "cuda/elementwise_launch.h"
+#include "cuda/pdl.cuh"
 
 namespace quiver::cuda::detail {
 namespace {
@@ -78,7 +79,23 @@ __global__ void compare_outputs_kernel(const void* got, const void* ref, bool f3
   }
 }
 
+__global__ void empty_dependent_kernel() {
+  pdl_trigger();
+  pdl_wait();
+}
+
 }  // namespace
+
+void launch_empty_dependent(cudaStream_t stream) {
+  cudaLaunchAttribute attr = pdl_attribute();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(32);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  QV_CUDA_CHECK(cudaLaunchKernelEx(&config, empty_dependent_kernel));
+}
 
 void launch_compare_outputs(const void* got, const void* ref, bool f32, int64_t n, double* out, cudaStream_t stream) {
   if (n == 0) return;

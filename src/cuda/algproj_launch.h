@@ -26,4 +26,8 @@ void launch_fill_hashed_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale,
 // out: 4 device doubles, zeroed by the caller. Calibration checks each candidate with it.
 void launch_compare_outputs(const void* got, const void* ref, bool f32, int64_t n, double* out, cudaStream_t stream);
 
+// One block of an empty programmatic dependent (pdl.cuh: it triggers and waits, nothing else),
+// launched as the algebraic kernels are: the benchmark's measure of the least a call can take.
+void launch_empty_dependent(cudaStream_t stream);
+
 }  // namespace quiver::cuda::detail

@@ -97,6 +97,7 @@ void run_cuda(const BenchArgs& a) {
     row["rel_error"] = r.rel_error;
     row["correct"] = r.correct;
     if (a.clock_probe) row["alg_after_idle_us"] = r.alg_after_idle_us;
+    row["launch_us"] = r.launch_us;
     rows.push_back(row);
     nlohmann::ordered_json t;
     for (const char* k : {"model", "pass", "M", "q", "kernel", "dense_us", "alg_us", "speedup", "paper_speedup",
