@@ -7,7 +7,7 @@
 # one file to copy back.
 #
 #   scripts/gpu_check.sh OUT_DIR [tests] [memcheck] [relation] [ncu] [algproj] [ncu-algproj] [model]
-#                        [algmodel] [algtests]
+#                        [algmodel] [algtests] [unverified] [tmastream] [ablation]
 #
 #   tests     the GPU test suite but the algebraic-projection tests
 #   memcheck  compute-sanitizer memcheck on flash tests whose kernels load by TMA (the forward, the
@@ -29,6 +29,10 @@
 #   algmodel  quiver bench model --device cuda: alg110m-q2x2 against alg110m-dense, training tok/s and
 #             generation at batch 1 and 64, in one process
 #   algtests  the algebraic-projection GPU tests (a few minutes)
+#   unverified  the GPU tests of the kernels that join calibration only with
+#             QUIVER_ALGPROJ_UNVERIFIED=1 (cuda/algproj.h), then, if they pass, Table 1 as algproj
+#             does with those kernels among the candidates and a fresh kernel cache
+#             (OUT_DIR/unverified-kernel-cache/kernels.json lists every candidate's time)
 #   tmastream build/bin/quiver_tma_stream: the TMA row pass's W stream with no products, by ring
 #             depth, from DRAM and from L2 (docs/decisions.md)
 #   ablation  build/bin/quiver_tma_ablation*: the TMA row pass's forward at four Table 1 shapes as
@@ -85,12 +89,23 @@ run() {
   summary+=("$name: $verdict in $(( $(date +%s) - t0 )) s ${passed}")
   echo "== $name: $verdict"
   tail -25 "$out/$name.log"
+  return $rc
 }
 
 for step in "${steps[@]}"; do
   case "$step" in
     tests) run tests "$tests" --gtest_filter='-GpuAlgProj.*' ;;
     algtests) run algtests "$tests" --gtest_filter='GpuAlgProj.*' ;;
+    unverified)
+      if run unverified-tests "$tests" \
+        --gtest_filter='GpuAlgProj.TmaTwoGroupForward:GpuAlgProj.TmaClusterSplitDx:GpuAlgProj.TmaWeightDiagonalGemm'; then
+        mkdir -p "$out/unverified-kernel-cache"
+        QUIVER_CACHE_DIR="$out/unverified-kernel-cache" QUIVER_ALGPROJ_UNVERIFIED=1 run unverified-algproj "$Q" bench \
+          algproj --device cuda --paper-q --clock-probe --results-dir "$out/results-unverified"
+      else
+        summary+=("unverified-algproj: skipped (the tests did not pass; a fault would end the bench)")
+      fi
+      ;;
     memcheck)
       # Relation cases 4 and 13: widths 64 and 48 (one-pass dQ, and two passes for case 4); case 5:
       # width 80 (two passes, warp-specialized dK/dV); attention case 5: width 80 (two passes).
@@ -165,7 +180,7 @@ for step in "${steps[@]}"; do
       export -f ablate
       run ablation bash -c ablate
       ;;
-    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests, tmastream, ablation)"; exit 2 ;;
+    *) echo "unknown step '$step' (tests, memcheck, relation, ncu, algproj, ncu-algproj, model, algmodel, algtests, unverified, tmastream, ablation)"; exit 2 ;;
   esac
 done
 
