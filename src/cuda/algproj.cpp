@@ -290,25 +290,40 @@ bool tma_candidates() {
   return on;
 }
 
-// Kernels built but not yet run on a GPU: calibration candidates only with
-// QUIVER_ALGPROJ_UNVERIFIED=1 until their GPU tests have passed, since a TMA kernel that faults
-// ends the process, which calibration's output check cannot catch; pinned, they always run. Now
-// the two-group configurations (AlgTmaConfig::two_groups; GpuAlgProj.TmaTwoGroupForward), the
-// dX cluster splits (GpuAlgProj.TmaClusterSplitDx) and the dW diagonal GEMMs
-// (GpuAlgProj.TmaWeightDiagonalGemm).
-bool unverified(ops::AlgPass pass, const AlgKernel& k) {
-  if (k.kind != AlgKernel::Kind::Tma) return false;
-  return pass == ops::AlgPass::DW ? k.diagonal_gemm : detail::kAlgTmaConfigs[k.config].two_groups || k.split;
+// Kernels built but not yet run on a GPU, by name: calibration candidates only where
+// QUIVER_ALGPROJ_UNVERIFIED names them (a comma-separated list, or "1" for all) until their GPU
+// tests have passed, since a TMA kernel that faults ends the process, which calibration's output
+// check cannot catch; pinned, they always run. Now the two-group configurations
+// (AlgTmaConfig::two_groups; GpuAlgProj.TmaTwoGroupForward), the dX cluster splits
+// (GpuAlgProj.TmaClusterSplitDx) and the dW diagonal GEMMs (GpuAlgProj.TmaWeightDiagonalGemm).
+const char* unverified(ops::AlgPass pass, const AlgKernel& k) {
+  if (k.kind != AlgKernel::Kind::Tma) return nullptr;
+  if (pass == ops::AlgPass::DW) return k.diagonal_gemm ? "diagonal-gemm" : nullptr;
+  return detail::kAlgTmaConfigs[k.config].two_groups ? "two-group" : k.split ? "cluster-split" : nullptr;
 }
-bool unverified_candidates() {
-  static const bool on = [] {
+bool unverified_allowed(const std::string& name) {
+  static const std::vector<std::string> allowed = [] {
+    std::vector<std::string> names;
     const char* env = std::getenv("QUIVER_ALGPROJ_UNVERIFIED");
-    return env != nullptr && std::string(env) == "1";
+    const std::string list = env ? env : "";
+    if (list == "1") return std::vector<std::string>{"two-group", "cluster-split", "diagonal-gemm"};
+    for (size_t at = 0; at < list.size();) {
+      const size_t end = std::min(list.find(',', at), list.size());
+      const std::string name = list.substr(at, end - at);
+      QV_CHECK(name == "two-group" || name == "cluster-split" || name == "diagonal-gemm",
+               "QUIVER_ALGPROJ_UNVERIFIED: '{}' is no kernel name (two-group, cluster-split, diagonal-gemm, or 1 for "
+               "all)",
+               name);
+      names.push_back(name);
+      at = end + 1;
+    }
+    return names;
   }();
-  return on;
+  return std::find(allowed.begin(), allowed.end(), name) != allowed.end();
 }
 bool tma_candidate(ops::AlgPass pass, const AlgKernel& k) {
-  return tma_candidates() && (!unverified(pass, k) || unverified_candidates());
+  const char* name = unverified(pass, k);
+  return tma_candidates() && (name == nullptr || unverified_allowed(name));
 }
 
 }  // namespace

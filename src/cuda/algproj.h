@@ -135,7 +135,8 @@ class AlgProj {
   // The kernels calibration times for a pass: the fused configurations (and, forward, the
   // few-row kernels; forward and dX, the TMA kernels unless QUIVER_ALGPROJ_TMA=0), each where it
   // applies. Kernels not yet run on a GPU (the two-group configurations, the dX cluster splits and
-  // the dW diagonal GEMMs) join only with QUIVER_ALGPROJ_UNVERIFIED=1. The products schedule is not among them: it adds
+  // the dW diagonal GEMMs) join only where QUIVER_ALGPROJ_UNVERIFIED names them (two-group,
+  // cluster-split, diagonal-gemm; 1 for all). The products schedule is not among them: it adds
   // several GEMMs into one output element (not one owner), so it runs only where the fused kernels
   // cannot, or pinned.
   static std::vector<AlgKernel> kernel_candidates(ops::AlgPass pass);
