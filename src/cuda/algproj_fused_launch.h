@@ -357,7 +357,7 @@ constexpr bool tma_cluster_splits(const AlgTmaConfig& c) {
   return !c.cooperative && !c.tall && !c.two_groups && (c.cols == 64 || c.cols == 128 || c.cols == 192);
 }
 // args as for that configuration's dX (w_transposed, the maps' boxes `cols` W rows), with the
-// split tiles as its tiles; c is assigned (or added to, accumulate) from registers.
+// split tiles as its tiles; c is assigned (or added to, accumulate) by plain bf16 stores.
 void launch_algproj_tma_cluster(const AlgTmaArgs& args, int cols, int parts, cudaStream_t stream);
 // The weight pass on TMA; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_tma_weights(const AlgTmaWeightArgs& args, int config, cudaStream_t stream);
