@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -795,15 +796,19 @@ TEST(AlgProjTiles, ClusterSplitPlansReproduceTheFormula) {
     std::string law;
     int64_t K, N, M;
     algebra::Schedule sched;
-    int tile_cols, parts;  // the parts expected
+    int tile_cols, parts, cols;  // the parts and widest split tile expected
   };
   const SplitCase cases[] = {
       // Qwen3-1.7B's shape in miniature (Q_32, own reduction 96 chunks against 3): 8 blocks.
-      {"Q32", 2048, 6144, 96, algebra::Schedule::cyclic(), 64, 8},
+      {"Q32", 2048, 6144, 96, algebra::Schedule::cyclic(), 64, 8, 64},
       // Q_16 (32 chunks against 2), 128 rows a type cut into tiles of 64, interval rows.
-      {"Q16", 512, 2048, 2048, algebra::Schedule::interval(2048), 64, 8},
+      {"Q16", 512, 2048, 2048, algebra::Schedule::interval(2048), 64, 8, 32},
       // Q_4 (8 chunks against 2): 2 blocks; tiles of 128 columns over blocks of 80.
-      {"Q4", 320, 512, 260, algebra::Schedule::cyclic(), 128, 2},
+      {"Q4", 320, 512, 260, algebra::Schedule::cyclic(), 128, 2, 80},
+      // Blocks of 160 (Qwen3-32B's) planned as 64 + 64 + 32, merged into one split tile.
+      {"Q8", 1280, 1024, 64, algebra::Schedule::cyclic(), 64, 4, 160},
+      // Blocks of 448 (DeepSeek-V3's) in tiles of 128: merged up to 192 columns, 128 + 128 + 192.
+      {"Q4", 1792, 512, 8, algebra::Schedule::cyclic(), 128, 2, 192},
   };
   for (const SplitCase& c : cases) {
     SCOPED_TRACE(c.law + " K " + std::to_string(c.K) + " N " + std::to_string(c.N));
@@ -812,27 +817,34 @@ TEST(AlgProjTiles, ClusterSplitPlansReproduceTheFormula) {
     const algebra::GroupWidths widths = algebra::GroupWidths::equal(q, c.K, c.N);
     const std::vector<int> types = c.sched.types(0, c.M, q);
     const ops::AlgRowPlan whole = ops::plan_row_pass(law, widths, types, ops::AlgPass::DX, 64, c.tile_cols, false);
-    const ops::AlgClusterPlan cp = ops::plan_cluster_split(whole, 64, 64, 8);
+    const ops::AlgClusterPlan cp = ops::plan_cluster_split(whole, 64, 64, 192, 8);
     EXPECT_EQ(cp.parts, c.parts);
+    EXPECT_EQ(cp.cols, c.cols);
     ASSERT_FALSE(cp.split.empty());
-    EXPECT_EQ(cp.plan.tiles.size() + cp.split.size(), whole.tiles.size());
     EXPECT_EQ(cp.plan.rows, whole.rows);
     EXPECT_EQ(cp.plan.macs, whole.macs);
-    // The split tiles are exactly the own blocks' (output group = the rows' type), whole chunks.
+    // The split tiles are exactly the own blocks' (output group = the rows' type), whole chunks,
+    // each block's tiles merged up to 192 columns.
+    const int64_t block = c.K / q;
+    std::map<int32_t, int64_t> block_cols;  // split columns of each row tile
     for (const ops::AlgRowTile& t : cp.split) {
       const int type = types[cp.plan.rows[t.row_begin]];
-      EXPECT_EQ(t.col0 / (c.K / q), type);
+      EXPECT_EQ(t.col0 / block, type);
+      EXPECT_EQ((t.col0 + t.ncols - 1) / block, type);
       EXPECT_LE(t.row_count, 64);
+      EXPECT_LE(t.ncols, 192);
+      block_cols[t.row_begin] += t.ncols;
       int64_t len = 0;
       for (int32_t s = 0; s < t.seg_count; ++s) len += cp.plan.segments[t.seg_begin + s].len;
       EXPECT_EQ(len, c.N);
     }
-    for (const ops::AlgRowTile& t : cp.plan.tiles) EXPECT_NE(t.col0 / (c.K / q), types[cp.plan.rows[t.row_begin]]);
+    for (const auto& [row_begin, cols] : block_cols) EXPECT_EQ(cols, block);
+    for (const ops::AlgRowTile& t : cp.plan.tiles) EXPECT_NE(t.col0 / block, types[cp.plan.rows[t.row_begin]]);
     // The row pass keeps its tiles' order (longest first).
     std::vector<ops::AlgRowTile> kept;
     for (const ops::AlgRowTile& t : whole.tiles)
       if (std::none_of(cp.split.begin(), cp.split.end(), [&](const ops::AlgRowTile& s) {
-            return s.row_begin == t.row_begin && s.col0 == t.col0;
+            return s.row_begin == t.row_begin && s.col0 <= t.col0 && t.col0 < s.col0 + s.ncols;
           }))
         kept.push_back(t);
     ASSERT_EQ(kept.size(), cp.plan.tiles.size());
@@ -860,8 +872,8 @@ TEST(AlgProjTiles, ClusterSplitOnlyWholeChunksOfLongTiles) {
   const std::vector<int> types = algebra::Schedule::cyclic().types(0, 256, 4);
   auto split = [&](const algebra::GroupWidths& widths, ops::AlgPass pass, int tile_rows, int max_rows) {
     const ops::AlgRowPlan whole = ops::plan_row_pass(q4, widths, types, pass, tile_rows, 64, false);
-    const ops::AlgClusterPlan cp = ops::plan_cluster_split(whole, 64, max_rows, 8);
-    EXPECT_EQ(cp.plan.tiles.size() + cp.split.size(), whole.tiles.size());
+    const ops::AlgClusterPlan cp = ops::plan_cluster_split(whole, 64, max_rows, 192, 8);
+    EXPECT_EQ(cp.plan.tiles.size() + cp.split.size(), whole.tiles.size());  // 64-column tiles of 64-column blocks
     return cp;
   };
   const algebra::GroupWidths even = algebra::GroupWidths::equal(4, 256, 1024);
@@ -871,12 +883,12 @@ TEST(AlgProjTiles, ClusterSplitOnlyWholeChunksOfLongTiles) {
   const ops::AlgClusterPlan cp = split(even, ops::AlgPass::DX, 64, 64);
   EXPECT_EQ(cp.parts, 2);  // 16 chunks against the others' 4
   EXPECT_EQ(cp.split.size(), 4u);
-  EXPECT_THROW(ops::plan_cluster_split(ops::AlgRowPlan{}, 64, 64, 1), Error);
+  EXPECT_THROW(ops::plan_cluster_split(ops::AlgRowPlan{}, 64, 64, 192, 1), Error);
   // A plan with split reductions of its own (Q_16's dX, pieces of 512).
   const ops::AlgRowPlan pieces = ops::plan_row_pass(algebra::Law::complete(16), algebra::GroupWidths::equal(16, 512, 2048),
                                                     algebra::Schedule::cyclic().types(0, 32, 16), ops::AlgPass::DX, 2, 8);
   ASSERT_FALSE(pieces.splits.empty());
-  EXPECT_THROW(ops::plan_cluster_split(pieces, 64, 64, 8), Error);
+  EXPECT_THROW(ops::plan_cluster_split(pieces, 64, 64, 192, 8), Error);
 }
 
 // The TMA weight pass's chunks: each a progression of step 1 or the stride, at most 64 rows,

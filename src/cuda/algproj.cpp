@@ -498,10 +498,11 @@ const AlgProj::DevicePlan& AlgProj::plan(ops::AlgPass pass, const AlgKernel& ker
       d.tma_stride = p.tiles.empty() ? 0 : ops::uniform_row_stride(p, static_cast<int64_t>(types.size()));
       if (kernel.split && pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[kernel.config])) {
         ops::AlgClusterPlan cp = ops::plan_cluster_split(std::move(p), detail::kAlgTmaChunk, detail::kAlgTmaRows,
-                                                         detail::kAlgTmaClusterMaxParts);
+                                                         detail::kAlgTmaClusterMaxCols, detail::kAlgTmaClusterMaxParts);
         p = std::move(cp.plan);
         cluster_tiles = std::move(cp.split);
         d.cluster_parts = cp.parts;
+        d.cluster_cols = cp.cols;
       }
       const int extra = detail::kAlgTmaConfigs[kernel.config].extra;
       d.tma_extra_idle = extra > 0 && std::all_of(p.segments.begin(), p.segments.end(), [&](const ops::AlgSegment& s) {
@@ -674,8 +675,8 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
              "interval row types, M a multiple of the stride) and group offsets that are multiples of 8");
     QV_CHECK(!kernel.split ||
                  (pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[kernel.config])),
-             "algproj: {} splits the dX pass only, on a configuration of one warpgroup's 64-row tiles of 64, 128 or "
-             "192 columns",
+             "algproj: {} splits the dX pass only, on a configuration of one warpgroup's 64-row tiles (not "
+             "cooperative, tall or two-group)",
              kernel_name(pass, kernel));
     const int64_t M = static_cast<int64_t>(types.size());
     const bool fwd = pass == ops::AlgPass::Forward;
@@ -707,9 +708,10 @@ void AlgProj::run_fused(ops::AlgPass pass, const AlgKernel& kernel, const Tensor
     }
     if (d.num_cluster_tiles > 0) {  // the long tiles first, each by a cluster (ops::plan_cluster_split)
       detail::AlgTmaArgs long_tiles = t;
+      long_tiles.w = tma_map_bf16(w.raw(), K(), N(), N(), detail::tma_cluster_width(d.cluster_cols), 64);
       long_tiles.tiles = d.cluster_tiles;
       long_tiles.num_tiles = d.num_cluster_tiles;
-      detail::launch_algproj_tma_cluster(long_tiles, cols, d.cluster_parts, stream);
+      detail::launch_algproj_tma_cluster(long_tiles, d.cluster_cols, d.cluster_parts, stream);
     }
     detail::launch_algproj_tma(t, kernel.config, stream);
     return;

@@ -206,7 +206,7 @@ class AlgProj {
     // launch_algproj_tma_cluster runs with cluster_parts blocks each before the row pass runs the
     // other num_tiles; none: nothing to split.
     const ops::AlgRowTile* cluster_tiles = nullptr;
-    int num_cluster_tiles = 0, cluster_parts = 0;
+    int num_cluster_tiles = 0, cluster_parts = 0, cluster_cols = 0;
     // A TMA weight diagonal-GEMM configuration's diagonal blocks (ops::plan_diagonal_gemm), which
     // one batched GEMM computes after the weight pass runs the other tiles; in 0: none (why_not).
     int64_t diagonal_in = 0, diagonal_out = 0;

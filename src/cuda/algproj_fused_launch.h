@@ -347,17 +347,23 @@ void launch_algproj_gemv(const AlgRowArgs& args, int config, cudaStream_t stream
 // The Hopper row pass with configuration kAlgTmaConfigs[config].
 void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream);
 // The split configurations of the Hopper dX (a TMA AlgKernel with split): the long tiles of a
-// cluster plan (ops::plan_cluster_split) by `parts` blocks of one thread-block cluster each, every
-// block a producer warp and one warpgroup of wgmma m64n{cols}k16 over its piece of the tile's
-// chunks, the blocks' sums added in rank order over distributed shared memory; then the row pass
-// runs the plan's other tiles. For the row configurations of one warpgroup's tiles, 64 rows × 64,
-// 128 or 192 columns (not cooperative, tall or two-group).
-inline constexpr int kAlgTmaClusterMaxParts = 8;
-constexpr bool tma_cluster_splits(const AlgTmaConfig& c) {
-  return !c.cooperative && !c.tall && !c.two_groups && (c.cols == 64 || c.cols == 128 || c.cols == 192);
+// cluster plan (ops::plan_cluster_split, merged up to kAlgTmaClusterMaxCols columns) by `parts`
+// blocks of one thread-block cluster each, every block a producer warp and one warpgroup of wgmma
+// m64nBNk16 over its piece of the tile's chunks, the blocks' sums added in rank order over
+// distributed shared memory; then the row pass runs the plan's other tiles. BN is the least of
+// kAlgTmaClusterWidths that holds the widest split tile. For the row configurations of one
+// warpgroup's 64-row tiles (not cooperative, tall or two-group).
+inline constexpr int kAlgTmaClusterMaxParts = 8, kAlgTmaClusterMaxCols = 192;
+inline constexpr int kAlgTmaClusterWidths[] = {64, 80, 96, 128, 160, 192};
+constexpr bool tma_cluster_splits(const AlgTmaConfig& c) { return !c.cooperative && !c.tall && !c.two_groups; }
+constexpr int tma_cluster_width(int cols) {
+  for (int w : kAlgTmaClusterWidths)
+    if (w >= cols) return w;
+  return 0;
 }
-// args as for that configuration's dX (w_transposed, the maps' boxes `cols` W rows), with the
-// split tiles as its tiles; c is assigned (or added to, accumulate) by plain bf16 stores.
+// args as for the dX row pass, but with the split tiles as its tiles and W's map in boxes of
+// tma_cluster_width(cols) rows (dX columns) × 64; c is assigned (or added to, accumulate) by
+// plain bf16 stores.
 void launch_algproj_tma_cluster(const AlgTmaArgs& args, int cols, int parts, cudaStream_t stream);
 // The weight pass on TMA; a plan with splits needs launch_algproj_reduce_weights after it.
 void launch_algproj_tma_weights(const AlgTmaWeightArgs& args, int config, cudaStream_t stream);

@@ -930,7 +930,7 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
             tma::load_3d(ring.a(stage), &p.x, &full[stage], k, cls, i0);
           else
             tma::load_2d(ring.a(stage), &p.x, &full[stage], k, r_first);
-          tma::load_2d(ring.b(stage), &p.w, &full[stage], k, t.col0);  // W rows col0 .. col0 + BN - 1
+          tma::load_2d(ring.b(stage), &p.w, &full[stage], k, t.col0);  // W rows col0 .. col0 + BN - 1 (the map's box)
 #endif
           ++n;
         }
@@ -1244,10 +1244,13 @@ void launch_algproj_tma(const AlgTmaArgs& args, int config, cudaStream_t stream)
 void launch_algproj_tma_cluster(const AlgTmaArgs& args, int cols, int parts, cudaStream_t stream) {
   // AlgProj checks the arguments with messages; here a bad one is only an invalid value.
   if (!args.w_transposed || parts < 1 || parts > kAlgTmaClusterMaxParts) QV_CUDA_CHECK(cudaErrorInvalidValue);
-  // A stage of 8 KB of dY and cols 128-byte W rows; about 96 KB of stages a block.
-  switch (cols) {
+  // A stage of 8 KB of dY and BN 128-byte W rows; up to 96 KB of stages a block.
+  switch (tma_cluster_width(cols)) {
     case 64: tma_cluster<64, 6>(args, parts, stream); break;
+    case 80: tma_cluster<80, 5>(args, parts, stream); break;
+    case 96: tma_cluster<96, 4>(args, parts, stream); break;
     case 128: tma_cluster<128, 4>(args, parts, stream); break;
+    case 160: tma_cluster<160, 3>(args, parts, stream); break;
     case 192: tma_cluster<192, 3>(args, parts, stream); break;
     default: QV_CUDA_CHECK(cudaErrorInvalidValue);
   }

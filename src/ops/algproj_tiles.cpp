@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -302,10 +303,10 @@ AlgRowPlan plan_row_pass(const algebra::Law& law, const algebra::GroupWidths& wi
   return plan;
 }
 
-AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int max_parts) {
-  QV_CHECK(chunk > 0 && max_rows > 0 && max_parts >= 2,
-           "plan_cluster_split: chunk {}, max_rows {} and max_parts {} (at least 2) must be positive", chunk, max_rows,
-           max_parts);
+AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int max_cols, int max_parts) {
+  QV_CHECK(chunk > 0 && max_rows > 0 && max_cols > 0 && max_parts >= 2,
+           "plan_cluster_split: chunk {}, max_rows {}, max_cols {} and max_parts {} (at least 2) must be positive",
+           chunk, max_rows, max_cols, max_parts);
   QV_CHECK(plan.splits.empty() && plan.places.empty(), "plan_cluster_split: the plan must be neither split nor packed");
   AlgClusterPlan out;
   if (plan.tiles.empty()) {
@@ -328,16 +329,30 @@ AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int 
   std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
   const int64_t median = std::max<int64_t>(1, (sorted[sorted.size() / 2] + chunk - 1) / chunk);
   auto is_long = [&](size_t i) {
-    return chunks[i] >= 4 && chunks[i] >= 4 * median && plan.tiles[i].row_count <= max_rows;
+    return chunks[i] >= 4 && chunks[i] >= 4 * median && plan.tiles[i].row_count <= max_rows &&
+           plan.tiles[i].ncols <= max_cols;
   };
   int64_t longest = 0;
   for (size_t i = 0; i < plan.tiles.size(); ++i)
     if (is_long(i)) longest = std::max(longest, chunks[i]);
   if (longest > 0) {
     out.parts = static_cast<int>(std::clamp<int64_t>((longest + 2 * median - 1) / (2 * median), 2, max_parts));
-    std::vector<AlgRowTile> rest;
-    for (size_t i = 0; i < plan.tiles.size(); ++i) (is_long(i) ? out.split : rest).push_back(plan.tiles[i]);
+    std::vector<AlgRowTile> rest, long_tiles;
+    for (size_t i = 0; i < plan.tiles.size(); ++i) (is_long(i) ? long_tiles : rest).push_back(plan.tiles[i]);
     plan.tiles = std::move(rest);
+    // Column tiles of the same rows and segments (one output group's) merged where they adjoin.
+    auto key = [](const AlgRowTile& t) { return std::tuple(t.row_begin, t.row_count, t.seg_begin, t.seg_count, t.col0); };
+    std::sort(long_tiles.begin(), long_tiles.end(), [&](const AlgRowTile& a, const AlgRowTile& b) { return key(a) < key(b); });
+    for (const AlgRowTile& t : long_tiles) {
+      AlgRowTile* last = out.split.empty() ? nullptr : &out.split.back();
+      if (last != nullptr && last->row_begin == t.row_begin && last->row_count == t.row_count &&
+          last->seg_begin == t.seg_begin && last->seg_count == t.seg_count && last->col0 + last->ncols == t.col0 &&
+          last->ncols + t.ncols <= max_cols)
+        last->ncols += t.ncols;
+      else
+        out.split.push_back(t);
+    }
+    for (const AlgRowTile& t : out.split) out.cols = std::max(out.cols, t.ncols);
   }
   out.plan = std::move(plan);
   return out;

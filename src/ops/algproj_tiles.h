@@ -143,19 +143,23 @@ AlgTwoGroupPlan plan_two_group_pass(const algebra::Law& law, const algebra::Grou
 // an unsplit plan (plan_row_pass with split = false) and moves its long tiles into `split`: tiles
 // whose reduction is at least 4 chunks and at least 4 times the median tile's (in whole chunks,
 // at least 1), of whole `chunk`-deep chunks (every segment's first column and length multiples of
-// it) and at most max_rows rows. `parts` blocks of one thread-block cluster reduce each of them,
-// block r over the chunks cluster_piece(chunks, parts, r) of the tile's segments taken in order,
-// and add their sums in rank order over distributed shared memory: one owner per element, no
-// slots in global memory, no second pass. `plan` keeps the other tiles, in their order, and every
-// row and segment (the split tiles index into them); its macs stay the whole pass's. parts is
-// the longest split tile's chunks over twice the median's, from 2 to max_parts, the same for
-// every tile (a launch has one cluster shape); 0 where no tile is long.
+// it), at most max_rows rows and max_cols columns. Long tiles of the same rows and reduction
+// whose columns adjoin (one output group's column tiles) are merged up to max_cols, so that a
+// type's own block is one tile where it fits (Qwen3-32B: blocks of 160, planned as 64 + 64 + 32),
+// and its rows of dY are read once. `parts` blocks of one thread-block cluster reduce each split
+// tile, block r over the chunks cluster_piece(chunks, parts, r) of the tile's segments taken in
+// order, and add their sums in rank order over distributed shared memory: one owner per element,
+// no slots in global memory, no second pass. `plan` keeps the other tiles, in their order, and
+// every row and segment (the split tiles index into them); its macs stay the whole pass's. parts
+// is the longest split tile's chunks over twice the median's, from 2 to max_parts, the same for
+// every tile (a launch has one cluster shape); 0 where no tile is long. cols: the widest split
+// tile's columns.
 struct AlgClusterPlan {
   AlgRowPlan plan;
   std::vector<AlgRowTile> split;
-  int parts = 0;
+  int parts = 0, cols = 0;
 };
-AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int max_parts);
+AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int max_cols, int max_parts);
 // The chunks [begin, end) of a split tile's `chunks` that block `rank` of `parts` reduces:
 // consecutive, in rank order, together all of them, each block's count within one of the others'.
 struct AlgChunkRange {

@@ -921,10 +921,11 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
   register_gpu();
   // The dX split configurations pinned (forward and dW by the products schedule): Q_q's own
   // blocks reduced by clusters, the rest by the row pass. Partial tiles (65 and 75 rows a type:
-  // tiles of one and of eleven rows), strided and contiguous rows, one decode row, tiles narrower
-  // than the kernel (blocks of 80 in 64 + 16 or one 128-column tile), 2 and 8 blocks a tile, and
-  // several chunks or none a block (Q_16's 32 chunks in 8 pieces, Q_4's 8 in 2). Each case's plan
-  // is checked to split: the planner's own rule, as AlgProj calls it.
+  // tiles of one and of eleven rows), strided and contiguous rows, one decode row, own blocks of
+  // 32, 64, 80, 160 and 448 columns (cluster kernels of 64, 80, 160 and 192 columns, merged tiles
+  // and tiles narrower than the kernel), 2 to 8 blocks a tile, and several chunks or none a block
+  // (Q_16's 32 chunks in 8 pieces, Q_4's 8 in 2). Each case's plan is checked to split: the
+  // planner's own rule, as AlgProj calls it.
   struct SplitCase {
     Case c;
     std::vector<int> types;
@@ -935,6 +936,9 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
       {{"Q4", {}, {}, 320, 512}, {2}},
       {{"Q16", {}, {}, 512, 2048}, make_types(Sched::Cyclic, 2048, 16, 1)},
       {{"Q32", {}, {}, 2048, 6144}, make_types(Sched::Cyclic, 512, 32, 1)},
+      // Blocks of 160 (one merged tile of 160 columns: BN 160) and of 448 (merged up to 192).
+      {{"Q8", {}, {}, 1280, 1024}, make_types(Sched::Cyclic, 520, 8, 1)},
+      {{"Q4", {}, {}, 1792, 512}, make_types(Sched::Interval, 300, 4, 2)},
   };
   // Every split configuration on each case's inputs, so that its float64 references are computed once.
   std::vector<cuda::AlgProj::Kernels> every;
@@ -949,7 +953,8 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
       const ops::AlgClusterPlan cp = ops::plan_cluster_split(
           ops::plan_row_pass(law, widths_of(sc.c, law.q()), sc.types, ops::AlgPass::DX, cfg.tile_rows(),
                              cfg.tile_cols(), false),
-          cuda::detail::kAlgTmaChunk, cuda::detail::kAlgTmaRows, cuda::detail::kAlgTmaClusterMaxParts);
+          cuda::detail::kAlgTmaChunk, cuda::detail::kAlgTmaRows, cuda::detail::kAlgTmaClusterMaxCols,
+          cuda::detail::kAlgTmaClusterMaxParts);
       ASSERT_GT(cp.parts, 1) << sc.c.law << ", tma config " << k.dx->config;
     }
     check_case(sc.c, sc.types, 561, every);
