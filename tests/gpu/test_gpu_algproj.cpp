@@ -922,8 +922,8 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
   // The dX split configurations pinned (forward and dW by the products schedule): Q_q's own
   // blocks reduced by clusters, the rest by the row pass. Partial tiles (65 and 75 rows a type:
   // tiles of one and of eleven rows), strided and contiguous rows, one decode row, own blocks of
-  // 32, 64, 80, 160 and 448 columns (cluster kernels of 64, 80, 160 and 192 columns, merged tiles
-  // and tiles narrower than the kernel), 2 to 8 blocks a tile, and several chunks or none a block
+  // 32, 64, 80, 96, 128, 160 and 448 columns (cluster kernels of every width, merged tiles and
+  // tiles narrower than the kernel), 2 to 8 blocks a tile, and several chunks or none a block
   // (Q_16's 32 chunks in 8 pieces, Q_4's 8 in 2). Each case's plan is checked to split: the
   // planner's own rule, as AlgProj calls it.
   struct SplitCase {
@@ -933,7 +933,8 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
   const SplitCase cases[] = {
       {{"Q4", {}, {}, 320, 512}, make_types(Sched::Cyclic, 260, 4, 1)},
       {{"Q4", {}, {}, 320, 512}, make_types(Sched::Interval, 300, 4, 2)},
-      {{"Q4", {}, {}, 320, 512}, {2}},
+      {{"Q4", {}, {}, 384, 512}, {2}},
+      {{"Q4", {}, {}, 512, 512}, make_types(Sched::Cyclic, 260, 4, 1)},
       {{"Q16", {}, {}, 512, 2048}, make_types(Sched::Cyclic, 2048, 16, 1)},
       {{"Q32", {}, {}, 2048, 6144}, make_types(Sched::Cyclic, 512, 32, 1)},
       // Blocks of 160 (one merged tile of 160 columns: BN 160) and of 448 (merged up to 192).
