@@ -46,6 +46,17 @@ constexpr double kF32Unit = 1.0 / 16777216.0;  // 2^-24
 
 void register_gpu() { cuda::register_backend(); }
 
+// fn must throw a quiver::Error whose message contains `needle`.
+template <class Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error containing \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 // Random F64 values exactly representable in bf16.
 Tensor random_bf16_values(Rng& rng, const Shape& shape) {
   Tensor t = Tensor::empty(shape, DType::BF16);
@@ -621,12 +632,7 @@ TEST(GpuAlgProj, FusedNeedsEvenWidths) {
   Tensor x = Tensor::empty({M, odd.K()}, DType::BF16, Device::CUDA);
   Tensor w = Tensor::empty({odd.K(), odd.N()}, DType::BF16, Device::CUDA);
   Tensor y = Tensor::empty({M, odd.N()}, DType::BF16, Device::CUDA);
-  try {
-    odd.forward(x, w, std::vector<int>(M, 0), y);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("even group offsets"), std::string::npos) << e.what();
-  }
+  expect_error([&] { odd.forward(x, w, std::vector<int>(M, 0), y); }, "even group offsets");
 }
 
 TEST(GpuAlgProj, FewRowKernelsForward) {
@@ -694,12 +700,8 @@ TEST(GpuAlgProj, TmaWeightPassEveryConfig) {
   const Tensor w = Tensor::zeros({320, 512}, DType::BF16, Device::CUDA);
   const Tensor dy = Tensor::zeros({M, 512}, DType::BF16, Device::CUDA);
   Tensor dw = Tensor::empty({320, 512}, DType::F32, Device::CUDA);
-  try {
-    gpu.backward(x, w, dy, make_types(Sched::Random, M, 4, 3), nullptr, &dw);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("TMA weight pass needs"), std::string::npos) << e.what();
-  }
+  expect_error([&] { gpu.backward(x, w, dy, make_types(Sched::Random, M, 4, 3), nullptr, &dw); },
+               "TMA weight pass needs");
 }
 
 TEST(GpuAlgProj, ForwardPairAndSwigluEqualSeparateCalls) {
@@ -895,24 +897,15 @@ TEST(GpuAlgProj, TmaTwoGroupForward) {
     const Tensor x = Tensor::zeros({64, 256}, DType::BF16, Device::CUDA);
     const Tensor w = Tensor::zeros({256, 400}, DType::BF16, Device::CUDA);
     Tensor y = Tensor::empty({64, 400}, DType::BF16, Device::CUDA);
-    try {
-      wide.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
-      FAIL() << "expected an error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("store box"), std::string::npos) << e.what();
-    }
+    expect_error([&] { wide.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y); }, "store box");
     cuda::AlgProj dx_pinned(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 256, 128));
     dx_pinned.set_kernels({std::nullopt, tma, std::nullopt});
     const Tensor x2 = Tensor::zeros({64, 256}, DType::BF16, Device::CUDA);
     const Tensor w2 = Tensor::zeros({256, 128}, DType::BF16, Device::CUDA);
     const Tensor dy2 = Tensor::zeros({64, 128}, DType::BF16, Device::CUDA);
     Tensor dx2 = Tensor::empty({64, 256}, DType::BF16, Device::CUDA);
-    try {
-      dx_pinned.backward(x2, w2, dy2, make_types(Sched::Cyclic, 64, 4, 1), &dx2, nullptr);
-      FAIL() << "expected an error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("dX pass"), std::string::npos) << e.what();
-    }
+    expect_error([&] { dx_pinned.backward(x2, w2, dy2, make_types(Sched::Cyclic, 64, 4, 1), &dx2, nullptr); },
+                 "dX pass");
   }
 }
 
@@ -974,18 +967,18 @@ TEST(GpuAlgProj, TmaClusterSplitDx) {
     const Tensor dy = Tensor::zeros({64, 512}, DType::BF16, Device::CUDA);
     Tensor y = Tensor::empty({64, 512}, DType::BF16, Device::CUDA);
     Tensor dx = Tensor::empty({64, 320}, DType::BF16, Device::CUDA);
-    try {
-      if (splits) {
-        gpu.set_kernels({split, std::nullopt, std::nullopt});
-        gpu.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
-      } else {
-        gpu.set_kernels({std::nullopt, split, std::nullopt});
-        gpu.backward(x, w, dy, make_types(Sched::Cyclic, 64, 4, 1), &dx, nullptr);
-      }
-      FAIL() << "expected an error (tma config " << c << ")";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("splits the dX pass only"), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE("tma config " + std::to_string(c));
+    expect_error(
+        [&] {
+          if (splits) {
+            gpu.set_kernels({split, std::nullopt, std::nullopt});
+            gpu.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
+          } else {
+            gpu.set_kernels({std::nullopt, split, std::nullopt});
+            gpu.backward(x, w, dy, make_types(Sched::Cyclic, 64, 4, 1), &dx, nullptr);
+          }
+        },
+        "splits the dX pass only");
   }
 }
 
@@ -1011,21 +1004,13 @@ TEST(GpuAlgProj, TmaWeightDiagonalGemm) {
   const Tensor w = Tensor::zeros({320, 256}, DType::BF16, Device::CUDA);
   const Tensor dy = Tensor::zeros({64, 256}, DType::BF16, Device::CUDA);
   Tensor dw = Tensor::empty({320, 256}, DType::F32, Device::CUDA);
-  try {
-    unequal.backward(x, w, dy, make_types(Sched::Cyclic, 64, 4, 1), nullptr, &dw);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("one width"), std::string::npos) << e.what();
-  }
+  expect_error([&] { unequal.backward(x, w, dy, make_types(Sched::Cyclic, 64, 4, 1), nullptr, &dw); },
+               "one width");
   cuda::AlgProj fwd(algebra::Law::parse("Q4"), algebra::GroupWidths::equal(4, 320, 256));
   fwd.set_kernels({diag, std::nullopt, std::nullopt});
   Tensor y = Tensor::empty({64, 256}, DType::BF16, Device::CUDA);
-  try {
-    fwd.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("belongs to the TMA weight pass"), std::string::npos) << e.what();
-  }
+  expect_error([&] { fwd.forward(x, w, make_types(Sched::Cyclic, 64, 4, 1), y); },
+               "belongs to the TMA weight pass");
 }
 
 TEST(GpuAlgProj, TmaRowPassEveryConfig) {
@@ -1072,12 +1057,7 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   const Tensor x = Tensor::empty({M, 320}, DType::BF16, Device::CUDA);
   const Tensor w = Tensor::empty({320, 512}, DType::BF16, Device::CUDA);
   Tensor y = Tensor::empty({M, 512}, DType::BF16, Device::CUDA);
-  try {
-    gpu.forward(x, w, make_types(Sched::Random, M, 4, 3), y);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("TMA kernel needs"), std::string::npos) << e.what();
-  }
+  expect_error([&] { gpu.forward(x, w, make_types(Sched::Random, M, 4, 3), y); }, "TMA kernel needs");
   // Groups of 20 columns: boxes that would start off a 16-byte boundary (the hardware faults),
   // refused when pinned and left out of calibration.
   const algebra::Law q4_law = algebra::Law::parse("Q4");
@@ -1086,11 +1066,6 @@ TEST(GpuAlgProj, TmaRowPassEveryConfig) {
   const Tensor xo = Tensor::zeros({64, 80}, DType::BF16, Device::CUDA);
   const Tensor wo = Tensor::zeros({80, 400}, DType::BF16, Device::CUDA);
   Tensor yo = Tensor::empty({64, 400}, DType::BF16, Device::CUDA);
-  try {
-    off.forward(xo, wo, make_types(Sched::Cyclic, 64, 4, 1), yo);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("multiples of 8"), std::string::npos) << e.what();
-  }
+  expect_error([&] { off.forward(xo, wo, make_types(Sched::Cyclic, 64, 4, 1), yo); }, "multiples of 8");
   check_case({"Q4", {20, 20, 20, 20}, {100, 100, 100, 100}}, make_types(Sched::Cyclic, 260, 4, 1), 499);
 }
