@@ -296,25 +296,24 @@ bool tma_candidates() {
 // check cannot catch; pinned, they always run. Now the two-group configurations
 // (AlgTmaConfig::two_groups; GpuAlgProj.TmaTwoGroupForward), the dX cluster splits
 // (GpuAlgProj.TmaClusterSplitDx) and the dW diagonal GEMMs (GpuAlgProj.TmaWeightDiagonalGemm).
+constexpr const char* kUnverified[] = {"two-group", "cluster-split", "diagonal-gemm"};
 const char* unverified(ops::AlgPass pass, const AlgKernel& k) {
   if (k.kind != AlgKernel::Kind::Tma) return nullptr;
-  if (pass == ops::AlgPass::DW) return k.diagonal_gemm ? "diagonal-gemm" : nullptr;
-  return detail::kAlgTmaConfigs[k.config].two_groups ? "two-group" : k.split ? "cluster-split" : nullptr;
+  if (pass == ops::AlgPass::DW) return k.diagonal_gemm ? kUnverified[2] : nullptr;
+  return detail::kAlgTmaConfigs[k.config].two_groups ? kUnverified[0] : k.split ? kUnverified[1] : nullptr;
 }
 bool unverified_allowed(const std::string& name) {
   static const std::vector<std::string> allowed = [] {
-    std::vector<std::string> names;
     const char* env = std::getenv("QUIVER_ALGPROJ_UNVERIFIED");
     const std::string list = env ? env : "";
-    if (list == "1") return std::vector<std::string>{"two-group", "cluster-split", "diagonal-gemm"};
+    if (list == "1") return std::vector<std::string>(std::begin(kUnverified), std::end(kUnverified));
+    std::vector<std::string> names;
     for (size_t at = 0; at < list.size();) {
       const size_t end = std::min(list.find(',', at), list.size());
-      const std::string name = list.substr(at, end - at);
-      QV_CHECK(name == "two-group" || name == "cluster-split" || name == "diagonal-gemm",
-               "QUIVER_ALGPROJ_UNVERIFIED: '{}' is no kernel name (two-group, cluster-split, diagonal-gemm, or 1 for "
-               "all)",
-               name);
-      names.push_back(name);
+      names.push_back(list.substr(at, end - at));
+      QV_CHECK(std::find(std::begin(kUnverified), std::end(kUnverified), names.back()) != std::end(kUnverified),
+               "QUIVER_ALGPROJ_UNVERIFIED: '{}' is no kernel name ({}, or 1 for all)", names.back(),
+               fmt::join(kUnverified, ", "));
       at = end + 1;
     }
     return names;
@@ -823,18 +822,17 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
           best = k;
           known = true;
         }
-      } else if (kind == "tma" && tma_ok && config >= 0 &&
-                 config < (pass == ops::AlgPass::DW ? detail::kAlgTmaWeightConfigCount : detail::kAlgTmaConfigCount)) {
-        // A split: dW's, or a dX configuration's with a cluster kernel (kernel_candidates).
-        const AlgKernel k{AlgKernel::Kind::Tma, config, v->value("split", false),
-                          pass == ops::AlgPass::DW && v->value("diagonal_gemm", false)};
-        const bool splits = pass == ops::AlgPass::DW ||
-                            (pass == ops::AlgPass::DX && detail::tma_cluster_splits(detail::kAlgTmaConfigs[config]));
-        const bool fits = (!k.split || splits) && !(k.split && k.diagonal_gemm);
-        if (tma_candidate(pass, k) && fits && plan(pass, k, types, stream).tma_stride > 0 &&
-            (!k.diagonal_gemm || plan(pass, k, types, stream).diagonal_in > 0)) {
-          best = k;
-          known = true;
+      } else if (kind == "tma" && tma_ok) {
+        // One of the pass's candidates (kernel_candidates: a split and a diagonal GEMM only where
+        // the pass has them), admitted and with a plan it can run.
+        const AlgKernel k{AlgKernel::Kind::Tma, config, v->value("split", false), v->value("diagonal_gemm", false)};
+        const std::vector<AlgKernel> all = kernel_candidates(pass);
+        if (std::find(all.begin(), all.end(), k) != all.end() && tma_candidate(pass, k)) {
+          const DevicePlan& d = plan(pass, k, types, stream);
+          if (d.tma_stride > 0 && (!k.diagonal_gemm || d.diagonal_in > 0)) {
+            best = k;
+            known = true;
+          }
         }
       }
     } catch (const std::exception&) {
@@ -907,7 +905,8 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
       if (k.kind == AlgKernel::Kind::Tma) {
         if (!tma_candidate(pass, k) || !tma_ok) continue;
         const DevicePlan& d = plan(pass, k, types, stream);
-        if (d.tma_stride == 0 || d.tma_extra_idle) continue;
+        // A diagonal-GEMM candidate where the diagonal blocks are no batched GEMM is skipped.
+        if (d.tma_stride == 0 || d.tma_extra_idle || (k.diagonal_gemm && d.diagonal_in == 0)) continue;
       }
       // The pair kernel: tensors its maps can describe and a pair plan it is built for.
       if (k.kind == AlgKernel::Kind::Pair && (!tma_ok || plan(pass, k, types, stream).pair.stride == 0)) continue;
@@ -919,8 +918,6 @@ AlgKernel AlgProj::choose(ops::AlgPass pass, const std::vector<int>& types, bool
                                                                           : d.num_splits == 0)
           continue;
       }
-      // A diagonal-GEMM candidate where the diagonal blocks are not one batched GEMM.
-      if (k.diagonal_gemm && plan(pass, k, types, stream).diagonal_in == 0) continue;
       run(k);  // warm: builds the plan, grows scratch
       const OutputDiff diff = checked ? check() : OutputDiff{};
       if (checked && !outputs_agree(diff)) {

@@ -922,16 +922,12 @@ __global__ void __launch_bounds__(kGroupThreads + 32, 1)
           if (c < piece.begin || c >= piece.end) continue;
           const int stage = n % kStages;
           if (n >= kStages) tma::wait(&empty[stage], ((n / kStages) & 1) ^ 1);
-#ifdef QUIVER_TMA_ABLATE_LOADS
-          tma::arrive(&full[stage]);
-#else
           tma::arrive_expect(&full[stage], L::A::kBytes + L::kBBytes);
           if (p.row_stride > 1)
             tma::load_3d(ring.a(stage), &p.x, &full[stage], k, cls, i0);
           else
             tma::load_2d(ring.a(stage), &p.x, &full[stage], k, r_first);
           tma::load_2d(ring.b(stage), &p.w, &full[stage], k, t.col0);  // W rows col0 .. col0 + BN - 1 (the map's box)
-#endif
           ++n;
         }
       }
