@@ -341,12 +341,13 @@ AlgClusterPlan plan_cluster_split(AlgRowPlan plan, int chunk, int max_rows, int 
     for (size_t i = 0; i < plan.tiles.size(); ++i) (is_long(i) ? long_tiles : rest).push_back(plan.tiles[i]);
     plan.tiles = std::move(rest);
     // Column tiles of the same rows and segments (one output group's) merged where they adjoin.
-    auto key = [](const AlgRowTile& t) { return std::tuple(t.row_begin, t.row_count, t.seg_begin, t.seg_count, t.col0); };
-    std::sort(long_tiles.begin(), long_tiles.end(), [&](const AlgRowTile& a, const AlgRowTile& b) { return key(a) < key(b); });
+    auto group = [](const AlgRowTile& t) { return std::tuple(t.row_begin, t.row_count, t.seg_begin, t.seg_count); };
+    std::sort(long_tiles.begin(), long_tiles.end(), [&](const AlgRowTile& a, const AlgRowTile& b) {
+      return std::tuple(group(a), a.col0) < std::tuple(group(b), b.col0);
+    });
     for (const AlgRowTile& t : long_tiles) {
       AlgRowTile* last = out.split.empty() ? nullptr : &out.split.back();
-      if (last != nullptr && last->row_begin == t.row_begin && last->row_count == t.row_count &&
-          last->seg_begin == t.seg_begin && last->seg_count == t.seg_count && last->col0 + last->ncols == t.col0 &&
+      if (last != nullptr && group(*last) == group(t) && last->col0 + last->ncols == t.col0 &&
           last->ncols + t.ncols <= max_cols)
         last->ncols += t.ncols;
       else
